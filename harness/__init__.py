@@ -1,0 +1,1 @@
+"""Shared machinery: fix variants, outcomes, child isolation, the miniature runner, the CLI."""

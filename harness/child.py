@@ -1,0 +1,69 @@
+"""Child entry point: run one scenario and write a JSON report as the last act.
+
+    python -m harness.child '<spec json>' REPORT_PATH
+
+The device switch happens before torch, Triton or any kernel module is imported.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import json
+import os
+import sys
+import traceback
+
+from harness import device as devices
+from harness.fixes import Fix
+from harness.outcome import Skip, WrongResult
+from harness.record import Context
+
+
+def _resolve(target: str):
+    module, _, qualname = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def run(spec: dict) -> dict:
+    """Run the scenario named by `spec`; never raises."""
+    try:
+        import torch
+
+        if spec["device"] == "cuda" and not torch.cuda.is_available():
+            raise Skip("no CUDA device visible to the child")
+        fn = _resolve(spec["target"])
+        ctx = Context(frozenset(Fix(n) for n in spec["fixes"]), spec["device"], spec["seed"])
+        torch.manual_seed(ctx.seed)
+        detail = fn(ctx)
+        if ctx.device == "cuda":
+            torch.cuda.synchronize()
+        return {"status": "pass", "detail": detail or ""}
+    except WrongResult as e:
+        return {"status": "wrong_result", "detail": str(e)}
+    except Skip as e:
+        return {"status": "skipped", "detail": str(e)}
+    except BaseException as e:  # the parent classifies CUDA errors from the message
+        traceback.print_exc()
+        return {"status": "exception", "type": type(e).__name__, "message": str(e)[:4000]}
+
+
+def main(argv: list[str]) -> None:
+    spec, report_path = json.loads(argv[1]), argv[2]
+    devices.activate(spec["device"])
+    faulthandler.enable()
+    report = run(spec)
+    with open(report_path + ".tmp", "w") as f:
+        json.dump(report, f)
+    os.replace(report_path + ".tmp", report_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # NOTE: skip interpreter teardown: after a CUDA fault, context destruction can hang.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,65 @@
+"""The Fix enum (one member per named fix part) and variant selection.
+
+A variant is a frozenset of the fix parts switched on; it is threaded explicitly through kernel
+launchers and runner configs. The buggy variant of a bug is every fix minus that bug's parts, so
+other bugs never interfere.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+
+class Fix(enum.Enum):
+    # vLLM #40131 (moe_align_grid)
+    MOE_ALIGN_GRID_PLUS_ONE = "moe_align_grid_plus_one"
+    MOE_ALIGN_OOB_GUARD = "moe_align_oob_guard"
+    MOE_ALIGN_SORT_ADAPTER_CHECK = "moe_align_sort_adapter_check"
+
+
+Variant = frozenset[Fix]
+ALL_FIXES: Variant = frozenset(Fix)
+
+
+class UsageError(ValueError):
+    """Bad input from a user: unknown names or conflicting options (CLI exit 2)."""
+
+
+def parse_fix(name: str) -> Fix:
+    try:
+        return Fix(name)
+    except ValueError:
+        valid = ", ".join(f.value for f in Fix)
+        raise UsageError(f"unknown fix part {name!r}; valid parts: {valid}") from None
+
+
+def select_variant(
+    bug_parts: Iterable[Fix],
+    variant: str | None = None,
+    without: Iterable[str] = (),
+    fixes: str | None = None,
+) -> Variant:
+    """Variant from CLI-style options: --variant fixed|buggy, --without PART..., --fixes none."""
+    without = [parse_fix(name) for name in without]
+    chosen = [opt for opt, val in (("--variant", variant), ("--fixes", fixes)) if val is not None]
+    if len(chosen) > 1 or (chosen and without and variant != "fixed"):
+        raise UsageError("use one of --variant, --fixes none, or --without PART (with fixed)")
+    if fixes is not None and fixes != "none":
+        raise UsageError(f"--fixes takes only 'none', got {fixes!r}")
+    if fixes == "none":
+        return frozenset()
+    if variant not in (None, "fixed", "buggy"):
+        raise UsageError(f"--variant takes fixed or buggy, got {variant!r}")
+    base = ALL_FIXES - frozenset(bug_parts) if variant == "buggy" else ALL_FIXES
+    return base - frozenset(without)
+
+
+def describe(variant: Variant, bug_parts: Iterable[Fix]) -> str:
+    """Short name of a variant relative to one bug: fixed, buggy, or the parts it lacks."""
+    missing = ALL_FIXES - variant
+    if not missing:
+        return "fixed"
+    if missing == frozenset(bug_parts):
+        return "buggy"
+    return "without " + ",".join(sorted(f.value for f in missing))

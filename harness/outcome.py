@@ -1,0 +1,149 @@
+"""Outcome classes, and the classifier of a finished child (report, exit status, signal, stderr).
+
+A scenario child writes a JSON report as its last act: status "pass", "wrong_result" (an oracle
+found a divergence), "skipped", or "exception" (type, message). A child that dies first leaves
+no report; then the exit status, the signal and the stderr text decide.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class Outcome(enum.Enum):
+    PASS = "pass"
+    WRONG_RESULT = "wrong_result"
+    DEVICE_ASSERT = "device_assert"
+    ILLEGAL_ADDRESS = "illegal_address"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+    SANITIZER_ERROR = "sanitizer_error"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+    @property
+    def is_failure(self) -> bool:
+        """The scenario showed the bug (or a crash/hang of the code under test)."""
+        return self not in (Outcome.PASS, Outcome.ERROR, Outcome.SKIPPED)
+
+
+@dataclass(frozen=True, slots=True)
+class ByDevice:
+    """An expected outcome per device."""
+
+    cpu: Outcome
+    cuda: Outcome
+
+    @classmethod
+    def both(cls, outcome: Outcome) -> ByDevice:
+        return cls(outcome, outcome)
+
+    def on(self, device: str) -> Outcome:
+        return self.cuda if device == "cuda" else self.cpu
+
+
+class WrongResult(AssertionError):
+    """Raised by an oracle: the output diverged from the reference (message = evidence)."""
+
+
+class Skip(Exception):
+    """Raised by a scenario that cannot run here (message = why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildExit:
+    """Everything the parent knows about a finished child."""
+
+    returncode: int | None  # None: killed by the parent at its time limit
+    timed_out: bool
+    report: dict | None
+    stderr: str
+    sanitizer: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Classified:
+    outcome: Outcome
+    evidence: str
+
+
+# Patterns over exception messages and stderr, first match wins.
+_DEVICE_ASSERT = re.compile(r"device-side assert|Assertion `.*` failed|CUDA_ERROR_ASSERT")
+_ILLEGAL_ADDRESS = re.compile(
+    r"illegal memory access|CUDA_ERROR_ILLEGAL_ADDRESS|misaligned address|"
+    r"unspecified launch failure|CUDA_ERROR_LAUNCH_FAILED"
+)
+_SANITIZER_ERRORS = re.compile(r"=+ ERROR SUMMARY: ([1-9]\d*) error")
+_HOST_FAULTS = {signal.SIGSEGV, signal.SIGBUS}
+
+
+def _gpu_error(text: str) -> Outcome | None:
+    if _DEVICE_ASSERT.search(text):
+        return Outcome.DEVICE_ASSERT
+    if _ILLEGAL_ADDRESS.search(text):
+        return Outcome.ILLEGAL_ADDRESS
+    return None
+
+
+def _tail(text: str, lines: int = 6) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _from_report(report: dict) -> Classified:
+    status = report.get("status")
+    if status == "pass":
+        return Classified(Outcome.PASS, report.get("detail", ""))
+    if status == "wrong_result":
+        return Classified(Outcome.WRONG_RESULT, report.get("detail", ""))
+    if status == "skipped":
+        return Classified(Outcome.SKIPPED, report.get("detail", ""))
+    message = f"{report.get('type', '?')}: {report.get('message', '')}"
+    return Classified(_gpu_error(message) or Outcome.ERROR, message)
+
+
+def _from_exit(code: int, stderr: str) -> Classified:
+    if code < 0:
+        sig = signal.Signals(-code)
+        if sig in _HOST_FAULTS:
+            return Classified(Outcome.ILLEGAL_ADDRESS,
+                              f"killed by {sig.name} (host memory fault)\n{_tail(stderr)}")  # fmt: skip
+        return Classified(Outcome.CRASH, f"killed by {sig.name}\n{_tail(stderr)}")
+    gpu = _gpu_error(stderr)
+    if gpu is not None:
+        return Classified(gpu, f"exit {code} without report\n{_tail(stderr)}")
+    return Classified(Outcome.ERROR, f"exit {code} without report\n{_tail(stderr)}")
+
+
+def classify(child: ChildExit) -> Classified:
+    """One outcome for any way a child can end."""
+    if child.timed_out:
+        return Classified(Outcome.TIMEOUT, f"no exit within the time limit\n{_tail(child.stderr)}")
+    errors = _SANITIZER_ERRORS.search(child.stderr) if child.sanitizer else None
+    if errors:
+        return Classified(Outcome.SANITIZER_ERROR,
+                          f"compute-sanitizer: {errors.group(1)} errors\n{_tail(child.stderr, 12)}")  # fmt: skip
+    clean_exit = child.returncode == 0
+    if child.report is not None and (clean_exit or child.report.get("status") != "pass"):
+        return _from_report(child.report)
+    assert child.returncode is not None
+    if clean_exit:
+        return Classified(Outcome.ERROR, f"exit 0 without report\n{_tail(child.stderr)}")
+    return _from_exit(child.returncode, child.stderr)
+
+
+# git bisect run: 0 good, 1 bad, 125 skip (cannot test), 2 usage error; never >= 128.
+EXIT_ABSENT, EXIT_PRESENT, EXIT_USAGE, EXIT_CANNOT_TEST = 0, 1, 2, 125
+
+
+def exit_code(outcomes: Iterable[Outcome]) -> int:
+    """Bug present if any scenario failed; cannot test if any errored or skipped; else absent."""
+    outcomes = list(outcomes)
+    if any(o.is_failure for o in outcomes):
+        return EXIT_PRESENT
+    if not outcomes or any(o in (Outcome.ERROR, Outcome.SKIPPED) for o in outcomes):
+        return EXIT_CANNOT_TEST
+    return EXIT_ABSENT

@@ -1,0 +1,330 @@
+"""MoE-LoRA align-block-size family: reference, launcher, and the Triton twin of csrc/.
+
+For every active LoRA slot the align step groups the flattened (token, top-k) pairs owned by that
+LoRA by expert, pads each expert's group to a multiple of `block_size`, and writes per LoRA id:
+  sorted_token_ids[lora_id]    # [max_num_tokens_padded] pair indices, padding = numel
+  expert_ids[lora_id]          # [max_num_m_blocks] expert of each block, -1 past the end
+  num_tokens_post_pad[lora_id] # padded pair count
+Slots come from `lora_ids` (upstream: `active_lora_ids`, [max_loras + 1], -1 sorts first).
+Two paths, as upstream: one small-batch kernel (numel < 1024 and E <= 64), else an align kernel
+with two programs per slot plus a count-and-sort kernel that places pairs with atomics.
+The same three fix parts switch both backends (Triton here, CUDA C++ in csrc/moe_lora_align.cu).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+SMALL_BATCH_MAX_NUMEL = 1024  # small path: numel < this and E <= SMALL_BATCH_MAX_EXPERTS
+SMALL_BATCH_MAX_EXPERTS = 64
+SORT_CHUNK = 256
+
+
+@dataclass(frozen=True, slots=True)
+class AlignFixes:
+    """The fix parts of vLLM #40131 as kernel switches (all on = fixed)."""
+
+    grid_plus_one: bool = True  # moe_align_grid_plus_one
+    oob_guard: bool = True  # moe_align_oob_guard
+    sort_adapter_check: bool = True  # moe_align_sort_adapter_check
+
+
+def align_sizes(numel: int, num_experts: int, block_size: int) -> tuple[int, int]:
+    """(max_num_tokens_padded, max_num_m_blocks) for one LoRA row."""
+    padded = triton.cdiv(numel + num_experts * (block_size - 1), block_size) * block_size
+    return padded, padded // block_size
+
+
+def is_small_batch(numel: int, num_experts: int) -> bool:
+    return numel < SMALL_BATCH_MAX_NUMEL and num_experts <= SMALL_BATCH_MAX_EXPERTS
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference (pure torch, fixed semantics)
+# ---------------------------------------------------------------------------------------------
+
+
+def processed_lora_ids(lora_ids: torch.Tensor, adapter_enabled: torch.Tensor, max_loras: int):
+    """LoRA ids whose rows the fixed kernels write: active, in range, enabled."""
+    enabled = adapter_enabled.tolist()
+    return [
+        lid for lid in lora_ids.tolist() if lid != -1 and lid < max_loras and enabled[lid] != 0
+    ]
+
+
+def moe_lora_align_reference(
+    topk_ids: torch.Tensor,  # [num_tokens, top_k]
+    token_lora_mapping: torch.Tensor,  # [num_tokens]
+    lora_ids: torch.Tensor,  # [max_loras + 1]
+    adapter_enabled: torch.Tensor,  # [max_loras + 1]
+    prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    *,
+    num_experts: int,
+    block_size: int,
+    max_loras: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Expected (sorted_token_ids, expert_ids, num_tokens_post_pad) given the prefilled outputs.
+
+    Rows of unprocessed ids keep their prefill; within an expert, pairs ascend.
+    """
+    sorted_ids, expert_ids, post_pad = (t.detach().cpu().clone() for t in prefill)
+    experts = topk_ids.detach().cpu().reshape(-1).long()
+    owners = token_lora_mapping.detach().cpu().long().repeat_interleave(topk_ids.shape[1])
+    numel = experts.numel()
+    for lid in processed_lora_ids(lora_ids.cpu(), adapter_enabled.cpu(), max_loras):
+        row, blocks, pos = [], [], 0
+        for e in range(num_experts):
+            pairs = torch.nonzero((owners == lid) & (experts == e)).flatten().tolist()
+            padded = triton.cdiv(len(pairs), block_size) * block_size
+            row += pairs + [numel] * (padded - len(pairs))
+            blocks += [e] * (padded // block_size)
+            pos += padded
+        sorted_ids[lid] = numel
+        sorted_ids[lid, : len(row)] = torch.tensor(row, dtype=sorted_ids.dtype)
+        expert_ids[lid] = -1
+        expert_ids[lid, : len(blocks)] = torch.tensor(blocks, dtype=expert_ids.dtype)
+        post_pad[lid] = pos
+    return sorted_ids, expert_ids, post_pad
+
+
+def canonical_sorted_ids(
+    sorted_ids: torch.Tensor,  # [rows, max_num_tokens_padded]
+    expert_ids: torch.Tensor,  # [rows, max_num_m_blocks]
+    rows: list[int],
+    block_size: int,
+) -> torch.Tensor:
+    """Sort each expert's segment of the given rows (the atomic path places pairs in any order)."""
+    out = sorted_ids.detach().cpu().clone()
+    experts = expert_ids.detach().cpu()
+    for r in rows:
+        blocks = experts[r].tolist()
+        start = 0
+        while start < len(blocks) and blocks[start] != -1:
+            end = start
+            while end < len(blocks) and blocks[end] == blocks[start]:
+                end += 1
+            lo, hi = start * block_size, end * block_size
+            out[r, lo:hi] = out[r, lo:hi].sort().values
+            start = end
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher: one dispatch point for both backends
+# ---------------------------------------------------------------------------------------------
+
+
+def moe_lora_align_block_size(
+    topk_ids: torch.Tensor,  # [num_tokens, top_k] int32
+    token_lora_mapping: torch.Tensor,  # [num_tokens] int32, -1 = base model
+    lora_ids: torch.Tensor,  # [max_loras + 1] int32, upstream active_lora_ids
+    adapter_enabled: torch.Tensor,  # [>= max_loras + 1] int32
+    sorted_token_ids: torch.Tensor,  # [max_loras, max_num_tokens_padded] int32, written
+    expert_ids: torch.Tensor,  # [max_loras, max_num_m_blocks] int32, written
+    num_tokens_post_pad: torch.Tensor,  # [max_loras] int32, written
+    *,
+    num_experts: int,
+    block_size: int,
+    max_loras: int,
+    fixes: AlignFixes = AlignFixes(),
+    backend: str = "triton",
+    token_mask: torch.Tensor | None = None,  # [max_loras, numel] int32 workspace (large path)
+    cumsum: torch.Tensor | None = None,  # [max_loras, num_experts + 1] int32 workspace, zeroed
+) -> None:
+    """Align every slot of `lora_ids`; workspaces default to upstream's (empty mask, zero cumsum)."""
+    num_tokens, _ = topk_ids.shape
+    numel = topk_ids.numel()
+    padded, m_blocks = align_sizes(numel, num_experts, block_size)
+    for name, t in (("topk_ids", topk_ids), ("token_lora_mapping", token_lora_mapping),
+                    ("lora_ids", lora_ids), ("adapter_enabled", adapter_enabled),
+                    ("sorted_token_ids", sorted_token_ids), ("expert_ids", expert_ids),
+                    ("num_tokens_post_pad", num_tokens_post_pad)):  # fmt: skip
+        assert t.dtype == torch.int32 and t.is_contiguous(), f"{name}: int32 contiguous expected"
+        assert t.device == topk_ids.device, f"{name} on {t.device}, topk_ids on {topk_ids.device}"
+    assert token_lora_mapping.shape == (num_tokens,), token_lora_mapping.shape
+    assert lora_ids.shape == (max_loras + 1,), lora_ids.shape
+    assert sorted_token_ids.shape == (max_loras, padded), (sorted_token_ids.shape, padded)
+    assert expert_ids.shape == (max_loras, m_blocks), (expert_ids.shape, m_blocks)
+    assert num_tokens_post_pad.shape == (max_loras,), num_tokens_post_pad.shape
+    if token_mask is None:
+        token_mask = torch.empty(max_loras, numel, dtype=torch.int32, device=topk_ids.device)
+    if cumsum is None:
+        cumsum = torch.zeros(max_loras, num_experts + 1, dtype=torch.int32, device=topk_ids.device)
+    args = (topk_ids, token_lora_mapping, lora_ids, adapter_enabled, sorted_token_ids,
+            expert_ids, num_tokens_post_pad, token_mask, cumsum)  # fmt: skip
+    if backend == "cuda":
+        from kernels import csrc
+
+        csrc.load("moe_lora_align").moe_lora_align_block_size(
+            *args, num_experts, block_size, max_loras, fixes.grid_plus_one, fixes.oob_guard,
+            fixes.sort_adapter_check,
+        )  # fmt: skip
+        return
+    assert backend == "triton", f"unknown backend {backend!r}"
+    _launch_triton(*args, num_experts, block_size, max_loras, fixes)
+
+
+def _launch_triton(
+    topk_ids, token_lora_mapping, lora_ids, adapter_enabled, sorted_token_ids, expert_ids,
+    num_tokens_post_pad, token_mask, cumsum, num_experts, block_size, max_loras, fixes,
+) -> None:  # fmt: skip
+    # fix: moe_align_grid_plus_one -- lora_ids has max_loras + 1 entries and -1 sorts first.
+    num_slots = max_loras + 1 if fixes.grid_plus_one else max_loras
+    numel = topk_ids.numel()
+    top_k = topk_ids.shape[1]
+    padded, m_blocks = align_sizes(numel, num_experts, block_size)
+    expert_block = triton.next_power_of_2(num_experts)
+    common = dict(BLOCK_SIZE=block_size, EXPERT_BLOCK=expert_block)
+    guard = fixes.oob_guard
+    if is_small_batch(numel, num_experts):
+        _small_batch_kernel[(num_slots,)](
+            topk_ids, token_lora_mapping, lora_ids, adapter_enabled, sorted_token_ids,
+            expert_ids, num_tokens_post_pad, numel, top_k, max_loras, padded, m_blocks,
+            NUMEL_BLOCK=triton.next_power_of_2(numel), FIXED_OOB_GUARD=guard, **common,
+        )  # fmt: skip
+        return
+    _align_kernel[(2, num_slots)](
+        topk_ids, token_lora_mapping, lora_ids, adapter_enabled, sorted_token_ids, expert_ids,
+        num_tokens_post_pad, token_mask, cumsum, numel, top_k, num_experts, max_loras, padded,
+        m_blocks, CHUNK=SORT_CHUNK, FIXED_OOB_GUARD=guard, **common,
+    )  # fmt: skip
+    _count_and_sort_kernel[(triton.cdiv(numel, SORT_CHUNK), num_slots)](
+        topk_ids, lora_ids, adapter_enabled, sorted_token_ids, token_mask, cumsum, numel,
+        num_experts, max_loras, padded, CHUNK=SORT_CHUNK, FIXED_OOB_GUARD=fixes.oob_guard,
+        FIXED_SORT_ADAPTER_CHECK=fixes.sort_adapter_check,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _skip_slot(lora_id, adapter_enabled_ptr, max_loras, FIXED_OOB_GUARD: tl.constexpr,
+               CHECK_ADAPTER: tl.constexpr):  # fmt: skip
+    """True when this program's slot must write nothing."""
+    skip = lora_id == -1
+    if FIXED_OOB_GUARD:  # fix: moe_align_oob_guard -- a forged id must not index missing rows.
+        skip = skip | (lora_id >= max_loras)
+    if CHECK_ADAPTER:
+        skip = skip | (tl.load(adapter_enabled_ptr + lora_id, mask=~skip, other=0) == 0)
+    return skip
+
+
+@triton.jit
+def _padded_layout(counts, BLOCK_SIZE: tl.constexpr):
+    """Per-expert (starts, ends) after padding each count to BLOCK_SIZE, and the padded total."""
+    padded = tl.cdiv(counts, BLOCK_SIZE) * BLOCK_SIZE
+    ends = tl.cumsum(padded, axis=0)
+    return ends - padded, ends, tl.sum(padded, axis=0)
+
+
+@triton.jit
+def _expert_of_blocks(expert_ids_ptr, ends, total, m_blocks, BLOCK_SIZE: tl.constexpr):
+    """Write the expert of every block of one row; -1 past the padded total."""
+    for b0 in range(0, m_blocks, 64):
+        blocks = b0 + tl.arange(0, 64)
+        start = blocks * BLOCK_SIZE
+        below = (ends[None, :] <= start[:, None]).to(tl.int32)  # [64, EXPERT_BLOCK]
+        expert = tl.where(start < total, tl.sum(below, axis=1), -1)
+        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < m_blocks)
+
+
+@triton.jit
+def _fill_row(row_ptr, value, length, CHUNK: tl.constexpr):
+    for c0 in range(0, length, CHUNK):
+        offs = c0 + tl.arange(0, CHUNK)
+        tl.store(row_ptr + offs, tl.full([CHUNK], value, tl.int32), mask=offs < length)
+
+
+@triton.jit
+def _small_batch_kernel(
+    topk_ids_ptr, token_lora_mapping_ptr, lora_ids_ptr, adapter_enabled_ptr,
+    sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_pad_ptr,
+    numel, top_k, max_loras, max_num_tokens_padded, max_num_m_blocks,
+    BLOCK_SIZE: tl.constexpr, EXPERT_BLOCK: tl.constexpr, NUMEL_BLOCK: tl.constexpr,
+    FIXED_OOB_GUARD: tl.constexpr,
+):  # fmt: skip
+    """One program per slot; the whole batch fits one block of pairs."""
+    lora_id = tl.load(lora_ids_ptr + tl.program_id(0))
+    if _skip_slot(lora_id, adapter_enabled_ptr, max_loras, FIXED_OOB_GUARD, True):
+        return
+    lora = lora_id.to(tl.int64)
+    pairs = tl.arange(0, NUMEL_BLOCK)
+    in_range = pairs < numel
+    mine = in_range & (tl.load(token_lora_mapping_ptr + pairs // top_k, mask=in_range) == lora_id)
+    expert = tl.load(topk_ids_ptr + pairs, mask=mine, other=-1)
+    onehot = (expert[:, None] == tl.arange(0, EXPERT_BLOCK)[None, :]).to(tl.int32)
+    starts, ends, total = _padded_layout(tl.sum(onehot, axis=0), BLOCK_SIZE)
+    tl.store(num_tokens_post_pad_ptr + lora, total)
+    _expert_of_blocks(expert_ids_ptr + lora * max_num_m_blocks, ends, total, max_num_m_blocks,
+                      BLOCK_SIZE)  # fmt: skip
+    row_ptr = sorted_token_ids_ptr + lora * max_num_tokens_padded
+    _fill_row(row_ptr, numel, max_num_tokens_padded, 256)
+    tl.debug_barrier()  # NOTE: padding must land before the pairs that overwrite it.
+    rank = tl.cumsum(onehot, axis=0) - 1  # [NUMEL_BLOCK, EXPERT_BLOCK]
+    dest = tl.sum(tl.where(onehot != 0, starts[None, :] + rank, 0), axis=1)
+    tl.store(row_ptr + dest, pairs, mask=mine)
+
+
+@triton.jit
+def _align_kernel(
+    topk_ids_ptr, token_lora_mapping_ptr, lora_ids_ptr, adapter_enabled_ptr,
+    sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_pad_ptr, token_mask_ptr, cumsum_ptr,
+    numel, top_k, num_experts, max_loras, max_num_tokens_padded, max_num_m_blocks,
+    BLOCK_SIZE: tl.constexpr, EXPERT_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    FIXED_OOB_GUARD: tl.constexpr,
+):  # fmt: skip
+    """Two programs per slot: 0 writes the token mask, layout and expert ids; 1 pads the row."""
+    lora_id = tl.load(lora_ids_ptr + tl.program_id(1))
+    if _skip_slot(lora_id, adapter_enabled_ptr, max_loras, FIXED_OOB_GUARD, True):
+        return
+    lora = lora_id.to(tl.int64)
+    if tl.program_id(0) == 1:
+        _fill_row(sorted_token_ids_ptr + lora * max_num_tokens_padded, numel,
+                  max_num_tokens_padded, CHUNK)  # fmt: skip
+        return
+    counts = tl.zeros([EXPERT_BLOCK], tl.int32)
+    for c0 in range(0, numel, CHUNK):
+        pairs = c0 + tl.arange(0, CHUNK)
+        in_range = pairs < numel
+        owner = tl.load(token_lora_mapping_ptr + pairs // top_k, mask=in_range, other=-1)
+        mine = in_range & (owner == lora_id)
+        tl.store(token_mask_ptr + lora * numel + pairs, mine.to(tl.int32), mask=in_range)
+        expert = tl.load(topk_ids_ptr + pairs, mask=mine, other=-1)
+        onehot = expert[:, None] == tl.arange(0, EXPERT_BLOCK)[None, :]
+        counts += tl.sum(onehot.to(tl.int32), axis=0)
+    starts, ends, total = _padded_layout(counts, BLOCK_SIZE)
+    experts = tl.arange(0, EXPERT_BLOCK)
+    cumsum_row = cumsum_ptr + lora * (num_experts + 1)
+    tl.store(cumsum_row + experts, starts, mask=experts < num_experts)
+    tl.store(cumsum_row + num_experts, total)
+    tl.store(num_tokens_post_pad_ptr + lora, total)
+    _expert_of_blocks(expert_ids_ptr + lora * max_num_m_blocks, ends, total, max_num_m_blocks,
+                      BLOCK_SIZE)  # fmt: skip
+
+
+@triton.jit
+def _count_and_sort_kernel(
+    topk_ids_ptr, lora_ids_ptr, adapter_enabled_ptr, sorted_token_ids_ptr, token_mask_ptr,
+    cumsum_ptr, numel, num_experts, max_loras, max_num_tokens_padded,
+    CHUNK: tl.constexpr, FIXED_OOB_GUARD: tl.constexpr, FIXED_SORT_ADAPTER_CHECK: tl.constexpr,
+):  # fmt: skip
+    """Place each masked pair at its expert's next free position (atomic on the cumsum row)."""
+    lora_id = tl.load(lora_ids_ptr + tl.program_id(1))
+    # fix: moe_align_sort_adapter_check -- a disabled slot's token-mask row was never written.
+    if _skip_slot(lora_id, adapter_enabled_ptr, max_loras, FIXED_OOB_GUARD,
+                  FIXED_SORT_ADAPTER_CHECK):  # fmt: skip
+        return
+    lora = lora_id.to(tl.int64)
+    pairs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    in_range = pairs < numel
+    take = in_range & (tl.load(token_mask_ptr + lora * numel + pairs, mask=in_range, other=0) != 0)
+    expert = tl.load(topk_ids_ptr + pairs, mask=take, other=0)
+    dest = tl.atomic_add(cumsum_ptr + lora * (num_experts + 1) + expert, 1, mask=take)
+    tl.store(sorted_token_ids_ptr + lora * max_num_tokens_padded + dest, pairs, mask=take)

@@ -1,0 +1,1 @@
+"""One module per documented bug: its record, scenarios and oracles."""

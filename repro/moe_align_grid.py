@@ -1,0 +1,249 @@
+"""moe_align_grid (vLLM #40131): MoE-LoRA align kernels launched one slot short.
+
+`active_lora_ids` has max_loras + 1 entries and -1 (base model) sorts first, but the three align
+kernels launched max_loras slots: with a mixed base + LoRA batch and max_loras equal to the
+active LoRA count, the last real LoRA slot is never processed. Its rows of sorted_token_ids,
+expert_ids and num_tokens_post_pad stay uninitialized and the fused MoE-LoRA kernel reads
+garbage: an illegal address. Run alone: `python -m repro.moe_align_grid [--device cpu|cuda]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.fixes import Fix
+from harness.oracle import Guarded, expect_all, mismatch, poisoned_allocations
+from harness.outcome import ByDevice, Outcome
+from harness.record import BugRecord, Context, Expect, Scenario
+from kernels.fused_moe_lora import fused_moe_lora_shrink, fused_moe_lora_shrink_reference
+from kernels.moe_lora_align import (
+    AlignFixes,
+    align_sizes,
+    canonical_sorted_ids,
+    moe_lora_align_block_size,
+    moe_lora_align_reference,
+    processed_lora_ids,
+)
+
+GRID = Fix.MOE_ALIGN_GRID_PLUS_ONE
+GUARD = Fix.MOE_ALIGN_OOB_GUARD
+SORT_CHECK = Fix.MOE_ALIGN_SORT_ADAPTER_CHECK
+SENTINELS = (-2, -7, -13)  # prefill of sorted_token_ids, expert_ids, num_tokens_post_pad
+NUM_EXPERTS, BLOCK_SIZE, TOP_K = 8, 16, 2
+SMALL_TOKENS, LARGE_TOKENS = 7, 613  # numel 14 (small-batch kernel), 1226 (align + sort)
+# NOTE: rank * hidden * 4 bytes = 2**17 per expert, so a poisoned expert id (INT32_MAX) puts the
+# weight pointer ~2**48 bytes away: past every mapping on the GPU, non-canonical on the host.
+RANK, HIDDEN = 16, 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Inputs of one align call."""
+
+    topk_ids: torch.Tensor  # [num_tokens, TOP_K]
+    token_lora_mapping: torch.Tensor  # [num_tokens]
+    lora_ids: torch.Tensor  # [max_loras + 1]
+    adapter_enabled: torch.Tensor  # [>= max_loras + 1]
+    max_loras: int
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        return align_sizes(self.topk_ids.numel(), NUM_EXPERTS, BLOCK_SIZE)
+
+
+def make_batch(ctx: Context, num_tokens: int, lora_ids: list[int], max_loras: int,
+               adapter_enabled: torch.Tensor | None = None) -> Batch:  # fmt: skip
+    """Seeded batch whose tokens cover every id of `lora_ids` (-1 = base model)."""
+    gen = torch.Generator().manual_seed(ctx.seed)
+    topk = torch.randint(0, NUM_EXPERTS, (num_tokens, TOP_K), generator=gen, dtype=torch.int32)
+    owners = torch.tensor(lora_ids, dtype=torch.int32)
+    mapping = owners[torch.randint(0, len(lora_ids), (num_tokens,), generator=gen)]
+    mapping[: len(lora_ids)] = owners
+    if adapter_enabled is None:
+        adapter_enabled = torch.ones(max_loras + 1, dtype=torch.int32)
+    dev = ctx.device
+    return Batch(topk.to(dev), mapping.to(dev), owners.to(dev), adapter_enabled.to(dev), max_loras)
+
+
+def align_fixes(ctx: Context) -> AlignFixes:
+    return AlignFixes(GRID in ctx.fixes, GUARD in ctx.fixes, SORT_CHECK in ctx.fixes)
+
+
+def backend(ctx: Context) -> str:
+    """The GPU runs the CUDA C++ kernels of csrc/; the CPU their Triton twin (interpreter)."""
+    return "cuda" if ctx.device == "cuda" else "triton"
+
+
+def sentinel_outputs(batch: Batch, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    padded, m_blocks = batch.sizes
+    shapes = ((batch.max_loras, padded), (batch.max_loras, m_blocks), (batch.max_loras,))
+    return tuple(torch.full(s, v, dtype=torch.int32, device=device)
+                 for s, v in zip(shapes, SENTINELS, strict=True))  # fmt: skip
+
+
+def run_align(ctx: Context, batch: Batch, outputs, **workspaces) -> None:
+    moe_lora_align_block_size(
+        batch.topk_ids, batch.token_lora_mapping, batch.lora_ids, batch.adapter_enabled, *outputs, num_experts=NUM_EXPERTS, block_size=BLOCK_SIZE, max_loras=batch.max_loras,
+        fixes=align_fixes(ctx), backend=backend(ctx), **workspaces,
+    )  # fmt: skip
+
+
+def align_problems(label: str, batch: Batch, outputs, prefill) -> list[str | None]:
+    """Compare all three outputs with the reference (expert segments order-free)."""
+    expected = moe_lora_align_reference(
+        batch.topk_ids, batch.token_lora_mapping, batch.lora_ids, batch.adapter_enabled,
+        prefill, num_experts=NUM_EXPERTS, block_size=BLOCK_SIZE, max_loras=batch.max_loras,
+    )  # fmt: skip
+    rows = processed_lora_ids(batch.lora_ids.cpu(), batch.adapter_enabled.cpu(), batch.max_loras)
+    sorted_ids = canonical_sorted_ids(outputs[0], outputs[1], rows, BLOCK_SIZE)
+    return [
+        mismatch(f"{label} sorted_token_ids", sorted_ids, expected[0]),
+        mismatch(f"{label} expert_ids", outputs[1], expected[1]),
+        mismatch(f"{label} num_tokens_post_pad", outputs[2], expected[2]),
+    ]
+
+
+def last_slot_rows(ctx: Context) -> str:
+    """Mixed base + LoRA batch, max_loras = active LoRA count (1 and 2), both kernel paths.
+
+    Outputs are prefilled with sentinels (-2, -7, -13). Fixed: every active LoRA's rows equal the
+    reference (padded counts block-aligned, every pair in a block routed to its expert).
+    Buggy (grid of max_loras slots): the last LoRA's rows keep their sentinels: wrong result.
+    """
+    problems = []
+    for max_loras in (1, 2):
+        for path, num_tokens in (("small", SMALL_TOKENS), ("large", LARGE_TOKENS)):
+            batch = make_batch(ctx, num_tokens, [-1, *range(max_loras)], max_loras)
+            outputs = sentinel_outputs(batch, ctx.device)
+            prefill = tuple(t.clone() for t in outputs)
+            run_align(ctx, batch, outputs)
+            label = f"max_loras={max_loras} {path} path:"
+            problems += align_problems(label, batch, outputs, prefill)
+    expect_all(problems)
+    return "4 batches (max_loras 1 and 2, small and large path): every LoRA row matches"
+
+
+def consumer_poisoned(ctx: Context) -> str:
+    """End to end: align outputs allocated uninitialized (poisoned), then the fused consumer.
+
+    Fixed: the MoE-LoRA shrink equals the dense float64 reference exactly (small-integer data).
+    Buggy: the last LoRA's num_tokens_post_pad and expert_ids are poison (INT32_MAX), so the
+    consumer loads weights from a wild address: illegal address on the GPU; on the CPU the
+    interpreter's wild read kills the child with SIGSEGV.
+    """
+    max_loras = 2
+    batch = make_batch(ctx, SMALL_TOKENS, [-1, 0, 1], max_loras)
+    padded, m_blocks = batch.sizes
+    gen = torch.Generator().manual_seed(ctx.seed + 1)
+    x = torch.randint(-2, 3, (SMALL_TOKENS, HIDDEN), generator=gen).float().to(ctx.device)
+    lora_a = torch.randint(-2, 3, (max_loras, NUM_EXPERTS, RANK, HIDDEN), generator=gen)
+    lora_a = lora_a.float().to(ctx.device)
+    with poisoned_allocations():
+        outputs = (
+            torch.empty(max_loras, padded, dtype=torch.int32, device=ctx.device),
+            torch.empty(max_loras, m_blocks, dtype=torch.int32, device=ctx.device),
+            torch.empty(max_loras, dtype=torch.int32, device=ctx.device),
+        )
+    run_align(ctx, batch, outputs)
+    out = torch.full((SMALL_TOKENS * TOP_K, RANK), -7.0, device=ctx.device)
+    prefill = out.clone()
+    fused_moe_lora_shrink(x, lora_a, *outputs, batch.lora_ids, batch.adapter_enabled, out,
+                          top_k=TOP_K, block_size=BLOCK_SIZE)  # fmt: skip
+    expected = fused_moe_lora_shrink_reference(
+        x, lora_a, batch.topk_ids, batch.token_lora_mapping, batch.adapter_enabled, prefill
+    )
+    expect_all([mismatch("fused MoE-LoRA shrink output", out.double(), expected)])
+    return f"shrink of {SMALL_TOKENS * TOP_K} pairs equals the dense reference"
+
+
+def oob_lora_id(ctx: Context) -> str:
+    """A forged LoRA id: lora_ids = [0, 5] with max_loras = 1, both kernel paths.
+
+    Every buffer the kernels touch sits in front of canary rows (adapter_enabled's read as 1).
+    Fixed: the guard skips id 5, lora 0's rows match, canaries intact. Without the guard (and
+    with the grid fix, which launches the stray slot): id 5's rows land on the canaries.
+    """
+    max_loras, rows = 1, 8
+    enabled = torch.ones(rows, dtype=torch.int32)
+    problems = []
+    for path, num_tokens in (("small", SMALL_TOKENS), ("large", LARGE_TOKENS)):
+        batch = make_batch(ctx, num_tokens, [0, 5], max_loras, adapter_enabled=enabled)
+        padded, m_blocks = batch.sizes
+        numel, dev = num_tokens * TOP_K, ctx.device
+        sorted_ids = Guarded.make(1, (padded,), rows - 1, -2, -2, torch.int32, dev)
+        expert_ids = Guarded.make(1, (m_blocks,), rows - 1, -7, -7, torch.int32, dev)
+        post_pad = Guarded.make(1, (), rows - 1, -13, -13, torch.int32, dev)
+        token_mask = Guarded.make(1, (numel,), rows - 1, 0, 0, torch.int32, dev)
+        cumsum = Guarded.make(1, (NUM_EXPERTS + 1,), rows - 1, 0, 0, torch.int32, dev)
+        outputs = (sorted_ids.view, expert_ids.view, post_pad.view)
+        prefill = tuple(t.clone() for t in outputs)
+        run_align(ctx, batch, outputs, token_mask=token_mask.view, cumsum=cumsum.view)
+        label = f"{path} path:"
+        problems += align_problems(label, batch, outputs, prefill)
+        problems += [g.trampled(f"{label} {name}") for name, g in (
+            ("sorted_token_ids", sorted_ids), ("expert_ids", expert_ids),
+            ("num_tokens_post_pad", post_pad))]  # fmt: skip
+    expect_all(problems)
+    return "id 5 skipped on both paths; lora 0 rows match; canaries intact"
+
+
+def disabled_adapter(ctx: Context) -> str:
+    """A disabled adapter on the large path (numel 1226 >= 1024), token mask poisoned.
+
+    lora_ids = [-1, 0, 1], lora 0 disabled. The align kernel skips the disabled slot, so its
+    token-mask row is never written (poison, read as true). Fixed: lora 0's rows keep their
+    sentinels, lora 1's match. Without the sort kernel's adapter check the disabled slot's rows
+    are written; without the grid fix lora 1's rows are missing: wrong result either way.
+    """
+    max_loras = 2
+    enabled = torch.tensor([0, 1, 1], dtype=torch.int32)
+    batch = make_batch(ctx, LARGE_TOKENS, [-1, 0, 1], max_loras, adapter_enabled=enabled)
+    outputs = sentinel_outputs(batch, ctx.device)
+    prefill = tuple(t.clone() for t in outputs)
+    with poisoned_allocations():  # the launcher's token_mask workspace is torch.empty
+        run_align(ctx, batch, outputs)
+    expect_all(align_problems("large path, lora 0 disabled:", batch, outputs, prefill))
+    return "disabled lora 0 rows untouched; lora 1 rows match"
+
+
+WRONG = ByDevice.both(Outcome.WRONG_RESULT)
+ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)  # CPU: the interpreter's wild read, SIGSEGV
+
+RECORD = BugRecord(
+    id="moe_align_grid",
+    title="MoE-LoRA align kernels launched one slot short",
+    upstream="https://github.com/vllm-project/vllm/pull/40131",
+    symptom="cudaErrorIllegalAddress in the fused MoE-LoRA kernel on mixed base + LoRA batches",
+    root_cause=(
+        "active_lora_ids has max_loras + 1 entries (-1 first) but the three align kernels "
+        "launched max_loras slots; the last LoRA's align outputs stay uninitialized"
+    ),
+    trigger="mixed base + LoRA batch with max_loras equal to the number of active LoRAs",
+    fix_parts=(GRID, GUARD, SORT_CHECK),
+    buggy_outcome=ILLEGAL,
+    scenarios=(
+        Scenario("last_slot_rows", last_slot_rows, (Expect(frozenset({GRID}), WRONG),)),
+        Scenario("consumer_poisoned", consumer_poisoned, (Expect(frozenset({GRID}), ILLEGAL),)),
+        Scenario(
+            "oob_lora_id",
+            oob_lora_id,
+            (
+                Expect(frozenset({GRID}), ByDevice.both(Outcome.PASS),
+                       why="without the grid fix the stray slot is never launched"),  # fmt: skip
+                Expect(frozenset({GUARD}), WRONG),
+            ),
+        ),
+        Scenario("disabled_adapter", disabled_adapter, (Expect(frozenset({SORT_CHECK, GRID}), WRONG),)),
+    ),
+    history="Triton twin of the same off-by-one: vLLM #32277 (fused_moe_lora launch grid).",
+)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from harness.cli import main
+
+    main(["matrix", "--bug", RECORD.id, *sys.argv[1:]])

@@ -1,0 +1,17 @@
+"""The bug registry: one literal tuple of records, in upstream fix order."""
+
+from __future__ import annotations
+
+from harness.fixes import UsageError
+from harness.record import BugRecord
+from repro import moe_align_grid
+
+BUGS: tuple[BugRecord, ...] = (moe_align_grid.RECORD,)
+
+
+def get(bug_id: str) -> BugRecord:
+    for bug in BUGS:
+        if bug.id == bug_id:
+            return bug
+    valid = ", ".join(b.id for b in BUGS)
+    raise UsageError(f"unknown bug id {bug_id!r}; valid ids: {valid}")
