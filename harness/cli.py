@@ -29,8 +29,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _variant_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", choices=("fixed", "buggy"), help="default: fixed (all fixes on)")
-    p.add_argument("--without", action="append", default=[], metavar="PART",
-                   help="switch one fix part off (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="PART",
+        help="switch one fix part off (repeatable)",
+    )
     p.add_argument("--fixes", metavar="none", help="'none': every fix part of every bug off")
     p.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
     p.add_argument("--scenario", action="append", default=[], help="only this scenario")
@@ -42,8 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="table of registered bugs")
     sub.add_parser("info", help="the full record of one bug").add_argument("bug")
-    for name, helptext in (("run", "run a bug's scenarios, print outcomes and evidence"),
-                           ("check", "bisect-friendly verdict: exit 0 absent, 1 present")):  # fmt: skip
+    for name, helptext in (
+        ("run", "run a bug's scenarios, print outcomes and evidence"),
+        ("check", "bisect-friendly verdict: exit 0 absent, 1 present"),
+    ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("bug")
         _variant_options(p)
@@ -83,9 +90,15 @@ def _registry():
 def cmd_list(args: argparse.Namespace) -> int:
     rows = [("id", "upstream", "fix parts", "buggy (cpu)", "buggy (cuda)")]
     for bug in _registry().BUGS:
-        rows.append((bug.id, "#" + bug.upstream.rsplit("/", 1)[-1],
-                     ", ".join(f.value for f in bug.fix_parts), bug.buggy_outcome.cpu.value,
-                     bug.buggy_outcome.cuda.value))  # fmt: skip
+        rows.append(
+            (
+                bug.id,
+                "#" + bug.upstream.rsplit("/", 1)[-1],
+                ", ".join(f.value for f in bug.fix_parts),
+                bug.buggy_outcome.cpu.value,
+                bug.buggy_outcome.cuda.value,
+            )
+        )
     _print_table(rows)
     return 0
 
@@ -106,8 +119,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         for rule in s.expects:
             parts = " or ".join(sorted(f.value for f in rule.missing))
             why = f"  ({rule.why})" if rule.why else ""
-            print(f"  without {parts}: cpu {rule.outcome.cpu.value}, "
-                  f"cuda {rule.outcome.cuda.value}{why}")  # fmt: skip
+            print(
+                f"  without {parts}: cpu {rule.outcome.cpu.value}, "
+                f"cuda {rule.outcome.cuda.value}{why}"
+            )
     return 0
 
 
@@ -121,8 +136,11 @@ def _jobs(bug: BugRecord, fixes: Variant, device: str, names: Sequence[str], san
     for name in names:
         if name not in known:
             raise UsageError(f"{bug.id} has no scenario {name!r}; scenarios: {', '.join(known)}")
-    return [Job(bug.id, s.name, s.target, fixes, device, s.timeout_s, sanitizer=sanitizer)
-            for s in bug.scenarios if not names or s.name in names]  # fmt: skip
+    return [
+        Job(bug.id, s.name, s.target, fixes, device, s.timeout_s, sanitizer=sanitizer)
+        for s in bug.scenarios
+        if not names or s.name in names
+    ]
 
 
 def _resolve_device(requested: str | None) -> str:
@@ -152,8 +170,11 @@ def _prepare_cuda() -> str | None:
         except Exception as e:
             return f"building csrc extension {name} failed: {e}"
         if time.monotonic() - start > 5:
-            print(f"built csrc extension {name} in {time.monotonic() - start:.1f}s "
-                  f"(cache {csrc.cache_dir()})", file=sys.stderr)  # fmt: skip
+            print(
+                f"built csrc extension {name} in {time.monotonic() - start:.1f}s "
+                f"(cache {csrc.cache_dir()})",
+                file=sys.stderr,
+            )
     return None
 
 
@@ -170,16 +191,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     bug, fixes, device, results = _run_bug(args)
     variant = describe(fixes, bug.fix_parts)
     if isinstance(results, str):
-        print(json.dumps({"outcome": "skipped", "why": results}) if args.json else
-              f"{bug.id} [{variant}, {device}]: skipped: {results}")  # fmt: skip
+        print(
+            json.dumps({"outcome": "skipped", "why": results})
+            if args.json
+            else f"{bug.id} [{variant}, {device}]: skipped: {results}"
+        )
         return EXIT_CANNOT_TEST
     if args.json:
         print(json.dumps([_result_json(r, bug) for r in results], indent=2))
     for r in [] if args.json else results:
         expected = bug.scenario(r.job.scenario).expected(fixes, device)
         mark = "as expected" if r.outcome == expected else f"UNEXPECTED, expected {expected.value}"
-        print(f"{bug.id} [{variant}, {device}] {r.job.scenario}: {r.outcome.value} "
-              f"({mark}, {r.seconds:.1f}s)")  # fmt: skip
+        print(
+            f"{bug.id} [{variant}, {device}] {r.job.scenario}: {r.outcome.value} "
+            f"({mark}, {r.seconds:.1f}s)"
+        )
         if r.evidence:
             print("    " + r.evidence.replace("\n", "\n    "))
     return exit_code(r.outcome for r in results)
@@ -245,8 +271,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         print("matrix: nothing could run", file=sys.stderr)
         return EXIT_CANNOT_TEST
     start, records = time.monotonic(), {j: b for b, j in plan}
-    cells = [_cell(records[r.job], r) for r in run_jobs(
-        [j for _, j in plan], args.jobs, _progress(records, len(plan)))]  # fmt: skip
+    cells = [
+        _cell(records[r.job], r)
+        for r in run_jobs([j for _, j in plan], args.jobs, _progress(records, len(plan)))
+    ]
     _print_summary(cells, time.monotonic() - start)
     if args.json:
         _write_json(args.json, cells)
@@ -267,8 +295,11 @@ def _progress(records: dict[Job, BugRecord], total: int):
         done[0] += 1
         cell = _cell(records[r.job], r)
         mark = "ok" if cell.ok else f"UNEXPECTED (expected {cell.expected.value})"
-        print(f"[{done[0]:>3}/{total}] {r.job.bug} {cell.variant} {r.job.device} "
-              f"{r.job.scenario}: {r.outcome.value} {mark} {r.seconds:.1f}s", flush=True)  # fmt: skip
+        print(
+            f"[{done[0]:>3}/{total}] {r.job.bug} {cell.variant} {r.job.device} "
+            f"{r.job.scenario}: {r.outcome.value} {mark} {r.seconds:.1f}s",
+            flush=True,
+        )
 
     return show
 
@@ -277,16 +308,27 @@ def _print_summary(cells: list[Cell], seconds: float) -> None:
     rows = [("bug", "variant", "device", "scenario", "outcome", "expected", "")]
     for c in cells:
         j = c.result.job
-        rows.append((j.bug, c.variant, j.device, j.scenario, c.result.outcome.value,
-                     c.expected.value, "ok" if c.ok else "UNEXPECTED"))  # fmt: skip
+        rows.append(
+            (
+                j.bug,
+                c.variant,
+                j.device,
+                j.scenario,
+                c.result.outcome.value,
+                c.expected.value,
+                "ok" if c.ok else "UNEXPECTED",
+            )
+        )
     print()
     _print_table(rows)
     ok = sum(c.ok for c in cells)
     print(f"\n{ok}/{len(cells)} runs as expected in {seconds:.1f}s")
     for c in cells:
         if not c.ok:
-            print(f"\nUNEXPECTED {c.result.job.bug} {c.variant} {c.result.job.device} "
-                  f"{c.result.job.scenario}:\n    " + c.result.evidence.replace("\n", "\n    "))  # fmt: skip
+            print(
+                f"\nUNEXPECTED {c.result.job.bug} {c.variant} {c.result.job.device} "
+                f"{c.result.job.scenario}:\n    " + c.result.evidence.replace("\n", "\n    ")
+            )
 
 
 def _result_json(r: Result, bug: BugRecord) -> dict:
@@ -311,12 +353,21 @@ def _write_json(path: str, cells: list[Cell]) -> None:
 
 
 def _write_junit(path: str, cells: list[Cell]) -> None:
-    suite = ET.Element("testsuite", name="repro-matrix", tests=str(len(cells)),
-                       failures=str(sum(not c.ok for c in cells)))  # fmt: skip
+    suite = ET.Element(
+        "testsuite",
+        name="repro-matrix",
+        tests=str(len(cells)),
+        failures=str(sum(not c.ok for c in cells)),
+    )
     for c in cells:
         j = c.result.job
-        case = ET.SubElement(suite, "testcase", classname=f"{j.bug}.{c.variant}.{j.device}",
-                             name=j.scenario, time=f"{c.result.seconds:.3f}")  # fmt: skip
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"{j.bug}.{c.variant}.{j.device}",
+            name=j.scenario,
+            time=f"{c.result.seconds:.3f}",
+        )
         if c.result.outcome == Outcome.SKIPPED and c.expected != Outcome.SKIPPED:
             ET.SubElement(case, "skipped", message=c.result.evidence)
         elif not c.ok:
@@ -331,5 +382,14 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
 
 
-COMMANDS = {"list": cmd_list, "info": cmd_info, "run": cmd_run, "check": cmd_check,
-            "matrix": cmd_matrix}  # fmt: skip
+COMMANDS = {
+    "list": cmd_list,
+    "info": cmd_info,
+    "run": cmd_run,
+    "check": cmd_check,
+    "matrix": cmd_matrix,
+}
+
+
+if __name__ == "__main__":
+    main()

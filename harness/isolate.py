@@ -53,8 +53,12 @@ def _child_env() -> dict[str, str]:
 
 
 def _command(job: Job, report: Path) -> list[str]:
-    spec = {"target": job.target, "fixes": sorted(f.value for f in job.fixes),
-            "device": job.device, "seed": job.seed}  # fmt: skip
+    spec = {
+        "target": job.target,
+        "fixes": sorted(f.value for f in job.fixes),
+        "device": job.device,
+        "seed": job.seed,
+    }
     cmd = [sys.executable, "-m", "harness.child", json.dumps(spec), str(report)]
     if job.sanitizer:
         cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", *cmd]
@@ -74,22 +78,34 @@ def run_job(job: Job) -> Result:
     with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
         report, log = Path(tmp) / "report.json", Path(tmp) / "output.log"
         with log.open("wb") as out:
-            proc = subprocess.Popen(_command(job, report), stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=_child_env(),
-                                    start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                _command(job, report),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_child_env(),
+                start_new_session=True,
+            )
             try:
                 code, timed_out = proc.wait(timeout=job.timeout_s), False
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 code, timed_out = proc.wait(), True
-        child = ChildExit(None if timed_out else code, timed_out, _read_report(report),
-                          log.read_text(errors="replace"), job.sanitizer)  # fmt: skip
+        child = ChildExit(
+            None if timed_out else code,
+            timed_out,
+            _read_report(report),
+            log.read_text(errors="replace"),
+            job.sanitizer,
+        )
     verdict = classify(child)
     return Result(job, verdict.outcome, verdict.evidence, time.monotonic() - start)
 
 
 def run_jobs(
-    jobs: Iterable[Job], workers: int | None = None, on_result: Callable[[Result], None] | None = None
+    jobs: Iterable[Job],
+    workers: int | None = None,
+    on_result: Callable[[Result], None] | None = None,
 ) -> list[Result]:
     """Run jobs concurrently; results come back in job order, `on_result` sees them as they end."""
     jobs = list(jobs)

@@ -42,8 +42,9 @@ def mismatch(what: str, actual: torch.Tensor, expected: torch.Tensor, show: int 
     if not differ.any():
         return None
     where = differ.nonzero()[:show].tolist()
-    pairs = ", ".join(f"{tuple(i)}: {actual[tuple(i)].item()} vs {expected[tuple(i)].item()}"
-                      for i in where)  # fmt: skip
+    pairs = ", ".join(
+        f"{tuple(i)}: {actual[tuple(i)].item()} vs {expected[tuple(i)].item()}" for i in where
+    )
     return f"{what}: {int(differ.sum())}/{differ.numel()} differ (actual vs expected) {pairs}"
 
 
@@ -63,8 +64,16 @@ class Guarded:
     canary: int | float
 
     @classmethod
-    def make(cls, rows: int, row_shape: tuple[int, ...], canary_rows: int, fill: int | float,
-             canary: int | float, dtype: torch.dtype, device: str) -> Guarded:  # fmt: skip
+    def make(
+        cls,
+        rows: int,
+        row_shape: tuple[int, ...],
+        canary_rows: int,
+        fill: int | float,
+        canary: int | float,
+        dtype: torch.dtype,
+        device: str,
+    ) -> Guarded:
         base = torch.full((rows + canary_rows, *row_shape), canary, dtype=dtype, device=device)
         base[:rows] = fill
         return cls(base, rows, canary)

@@ -109,8 +109,10 @@ def _from_exit(code: int, stderr: str) -> Classified:
     if code < 0:
         sig = signal.Signals(-code)
         if sig in _HOST_FAULTS:
-            return Classified(Outcome.ILLEGAL_ADDRESS,
-                              f"killed by {sig.name} (host memory fault)\n{_tail(stderr)}")  # fmt: skip
+            return Classified(
+                Outcome.ILLEGAL_ADDRESS,
+                f"killed by {sig.name} (host memory fault)\n{_tail(stderr)}",
+            )
         return Classified(Outcome.CRASH, f"killed by {sig.name}\n{_tail(stderr)}")
     gpu = _gpu_error(stderr)
     if gpu is not None:
@@ -124,8 +126,10 @@ def classify(child: ChildExit) -> Classified:
         return Classified(Outcome.TIMEOUT, f"no exit within the time limit\n{_tail(child.stderr)}")
     errors = _SANITIZER_ERRORS.search(child.stderr) if child.sanitizer else None
     if errors:
-        return Classified(Outcome.SANITIZER_ERROR,
-                          f"compute-sanitizer: {errors.group(1)} errors\n{_tail(child.stderr, 12)}")  # fmt: skip
+        return Classified(
+            Outcome.SANITIZER_ERROR,
+            f"compute-sanitizer: {errors.group(1)} errors\n{_tail(child.stderr, 12)}",
+        )
     clean_exit = child.returncode == 0
     if child.report is not None and (clean_exit or child.report.get("status") != "pass"):
         return _from_report(child.report)

@@ -46,8 +46,10 @@ def load(name: str, verbose: bool = False) -> ModuleType:
     from torch.utils import cpp_extension
 
     if torch.version.cuda is None or cpp_extension.CUDA_HOME is None:
-        raise BuildUnavailable(f"cannot build {name}: torch {torch.__version__} has no CUDA "
-                               f"or nvcc was not found (CUDA_HOME={cpp_extension.CUDA_HOME})")  # fmt: skip
+        raise BuildUnavailable(
+            f"cannot build {name}: torch {torch.__version__} has no CUDA "
+            f"or nvcc was not found (CUDA_HOME={cpp_extension.CUDA_HOME})"
+        )
     arch = _arch_list()
     if arch:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch

@@ -64,20 +64,52 @@ def fused_moe_lora_shrink(
     block_n = min(triton.next_power_of_2(rank), 64)
     grid = (m_blocks, triton.cdiv(rank, block_n), max_loras + 1)
     _fused_moe_lora_shrink_kernel[grid](
-        x, lora_a, out, sorted_token_ids, expert_ids, num_tokens_post_pad, lora_ids,
-        adapter_enabled, num_tokens * top_k, top_k, hidden, rank, sorted_token_ids.shape[1],
-        m_blocks, lora_a.stride(0), lora_a.stride(1), lora_a.stride(2),
-        BLOCK_M=block_size, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
-    )  # fmt: skip
+        x,
+        lora_a,
+        out,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_pad,
+        lora_ids,
+        adapter_enabled,
+        num_tokens * top_k,
+        top_k,
+        hidden,
+        rank,
+        sorted_token_ids.shape[1],
+        m_blocks,
+        lora_a.stride(0),
+        lora_a.stride(1),
+        lora_a.stride(2),
+        BLOCK_M=block_size,
+        BLOCK_N=block_n,
+        BLOCK_K=BLOCK_K,
+    )
 
 
 @triton.jit
 def _fused_moe_lora_shrink_kernel(
-    x_ptr, w_ptr, out_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_pad_ptr,
-    lora_ids_ptr, adapter_enabled_ptr, numel, top_k, hidden, rank, max_num_tokens_padded,
-    max_num_m_blocks, stride_wl, stride_we, stride_wr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    sorted_token_ids_ptr,
+    expert_ids_ptr,
+    num_tokens_post_pad_ptr,
+    lora_ids_ptr,
+    adapter_enabled_ptr,
+    numel,
+    top_k,
+    hidden,
+    rank,
+    max_num_tokens_padded,
+    max_num_m_blocks,
+    stride_wl,
+    stride_we,
+    stride_wr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     lora_id = tl.load(lora_ids_ptr + tl.program_id(2))
     if lora_id == -1:
@@ -90,8 +122,12 @@ def _fused_moe_lora_shrink_kernel(
     expert = tl.load(expert_ids_ptr + lora * max_num_m_blocks + pid_m).to(tl.int64)
     if expert == -1:
         return
-    pairs = tl.load(sorted_token_ids_ptr + lora * max_num_tokens_padded + pid_m * BLOCK_M
-                    + tl.arange(0, BLOCK_M))  # fmt: skip
+    pairs = tl.load(
+        sorted_token_ids_ptr
+        + lora * max_num_tokens_padded
+        + pid_m * BLOCK_M
+        + tl.arange(0, BLOCK_M)
+    )
     valid = pairs < numel
     tokens = (pairs // top_k).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -99,10 +135,16 @@ def _fused_moe_lora_shrink_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x_ptr + tokens[:, None] * hidden + ks[None, :],
-                    mask=valid[:, None] & (ks[None, :] < hidden), other=0.0)  # fmt: skip
-        b = tl.load(w_base + cols[None, :] * stride_wr + ks[:, None],
-                    mask=(cols[None, :] < rank) & (ks[:, None] < hidden), other=0.0)  # fmt: skip
+        a = tl.load(
+            x_ptr + tokens[:, None] * hidden + ks[None, :],
+            mask=valid[:, None] & (ks[None, :] < hidden),
+            other=0.0,
+        )
+        b = tl.load(
+            w_base + cols[None, :] * stride_wr + ks[:, None],
+            mask=(cols[None, :] < rank) & (ks[:, None] < hidden),
+            other=0.0,
+        )
         acc += tl.dot(a, b)
     out_ptrs = out_ptr + pairs.to(tl.int64)[:, None] * rank + cols[None, :]
     tl.store(out_ptrs, acc, mask=valid[:, None] & (cols[None, :] < rank))

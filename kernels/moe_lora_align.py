@@ -51,9 +51,7 @@ def is_small_batch(numel: int, num_experts: int) -> bool:
 def processed_lora_ids(lora_ids: torch.Tensor, adapter_enabled: torch.Tensor, max_loras: int):
     """LoRA ids whose rows the fixed kernels write: active, in range, enabled."""
     enabled = adapter_enabled.tolist()
-    return [
-        lid for lid in lora_ids.tolist() if lid != -1 and lid < max_loras and enabled[lid] != 0
-    ]
+    return [lid for lid in lora_ids.tolist() if lid != -1 and lid < max_loras and enabled[lid] != 0]
 
 
 def moe_lora_align_reference(
@@ -135,14 +133,19 @@ def moe_lora_align_block_size(
     token_mask: torch.Tensor | None = None,  # [max_loras, numel] int32 workspace (large path)
     cumsum: torch.Tensor | None = None,  # [max_loras, num_experts + 1] int32 workspace, zeroed
 ) -> None:
-    """Align every slot of `lora_ids`; workspaces default to upstream's (empty mask, zero cumsum)."""
+    """Align every slot of `lora_ids`; workspaces default as upstream (empty mask, zero cumsum)."""
     num_tokens, _ = topk_ids.shape
     numel = topk_ids.numel()
     padded, m_blocks = align_sizes(numel, num_experts, block_size)
-    for name, t in (("topk_ids", topk_ids), ("token_lora_mapping", token_lora_mapping),
-                    ("lora_ids", lora_ids), ("adapter_enabled", adapter_enabled),
-                    ("sorted_token_ids", sorted_token_ids), ("expert_ids", expert_ids),
-                    ("num_tokens_post_pad", num_tokens_post_pad)):  # fmt: skip
+    for name, t in (
+        ("topk_ids", topk_ids),
+        ("token_lora_mapping", token_lora_mapping),
+        ("lora_ids", lora_ids),
+        ("adapter_enabled", adapter_enabled),
+        ("sorted_token_ids", sorted_token_ids),
+        ("expert_ids", expert_ids),
+        ("num_tokens_post_pad", num_tokens_post_pad),
+    ):
         assert t.dtype == torch.int32 and t.is_contiguous(), f"{name}: int32 contiguous expected"
         assert t.device == topk_ids.device, f"{name} on {t.device}, topk_ids on {topk_ids.device}"
     assert token_lora_mapping.shape == (num_tokens,), token_lora_mapping.shape
@@ -154,24 +157,49 @@ def moe_lora_align_block_size(
         token_mask = torch.empty(max_loras, numel, dtype=torch.int32, device=topk_ids.device)
     if cumsum is None:
         cumsum = torch.zeros(max_loras, num_experts + 1, dtype=torch.int32, device=topk_ids.device)
-    args = (topk_ids, token_lora_mapping, lora_ids, adapter_enabled, sorted_token_ids,
-            expert_ids, num_tokens_post_pad, token_mask, cumsum)  # fmt: skip
+    args = (
+        topk_ids,
+        token_lora_mapping,
+        lora_ids,
+        adapter_enabled,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_pad,
+        token_mask,
+        cumsum,
+    )
     if backend == "cuda":
         from kernels import csrc
 
         csrc.load("moe_lora_align").moe_lora_align_block_size(
-            *args, num_experts, block_size, max_loras, fixes.grid_plus_one, fixes.oob_guard,
+            *args,
+            num_experts,
+            block_size,
+            max_loras,
+            fixes.grid_plus_one,
+            fixes.oob_guard,
             fixes.sort_adapter_check,
-        )  # fmt: skip
+        )
         return
     assert backend == "triton", f"unknown backend {backend!r}"
     _launch_triton(*args, num_experts, block_size, max_loras, fixes)
 
 
 def _launch_triton(
-    topk_ids, token_lora_mapping, lora_ids, adapter_enabled, sorted_token_ids, expert_ids,
-    num_tokens_post_pad, token_mask, cumsum, num_experts, block_size, max_loras, fixes,
-) -> None:  # fmt: skip
+    topk_ids,
+    token_lora_mapping,
+    lora_ids,
+    adapter_enabled,
+    sorted_token_ids,
+    expert_ids,
+    num_tokens_post_pad,
+    token_mask,
+    cumsum,
+    num_experts,
+    block_size,
+    max_loras,
+    fixes,
+) -> None:
     # fix: moe_align_grid_plus_one -- lora_ids has max_loras + 1 entries and -1 sorts first.
     num_slots = max_loras + 1 if fixes.grid_plus_one else max_loras
     numel = topk_ids.numel()
@@ -182,21 +210,58 @@ def _launch_triton(
     guard = fixes.oob_guard
     if is_small_batch(numel, num_experts):
         _small_batch_kernel[(num_slots,)](
-            topk_ids, token_lora_mapping, lora_ids, adapter_enabled, sorted_token_ids,
-            expert_ids, num_tokens_post_pad, numel, top_k, max_loras, padded, m_blocks,
-            NUMEL_BLOCK=triton.next_power_of_2(numel), FIXED_OOB_GUARD=guard, **common,
-        )  # fmt: skip
+            topk_ids,
+            token_lora_mapping,
+            lora_ids,
+            adapter_enabled,
+            sorted_token_ids,
+            expert_ids,
+            num_tokens_post_pad,
+            numel,
+            top_k,
+            max_loras,
+            padded,
+            m_blocks,
+            NUMEL_BLOCK=triton.next_power_of_2(numel),
+            FIXED_OOB_GUARD=guard,
+            **common,
+        )
         return
     _align_kernel[(2, num_slots)](
-        topk_ids, token_lora_mapping, lora_ids, adapter_enabled, sorted_token_ids, expert_ids,
-        num_tokens_post_pad, token_mask, cumsum, numel, top_k, num_experts, max_loras, padded,
-        m_blocks, CHUNK=SORT_CHUNK, FIXED_OOB_GUARD=guard, **common,
-    )  # fmt: skip
+        topk_ids,
+        token_lora_mapping,
+        lora_ids,
+        adapter_enabled,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_pad,
+        token_mask,
+        cumsum,
+        numel,
+        top_k,
+        num_experts,
+        max_loras,
+        padded,
+        m_blocks,
+        CHUNK=SORT_CHUNK,
+        FIXED_OOB_GUARD=guard,
+        **common,
+    )
     _count_and_sort_kernel[(triton.cdiv(numel, SORT_CHUNK), num_slots)](
-        topk_ids, lora_ids, adapter_enabled, sorted_token_ids, token_mask, cumsum, numel,
-        num_experts, max_loras, padded, CHUNK=SORT_CHUNK, FIXED_OOB_GUARD=fixes.oob_guard,
+        topk_ids,
+        lora_ids,
+        adapter_enabled,
+        sorted_token_ids,
+        token_mask,
+        cumsum,
+        numel,
+        num_experts,
+        max_loras,
+        padded,
+        CHUNK=SORT_CHUNK,
+        FIXED_OOB_GUARD=fixes.oob_guard,
         FIXED_SORT_ADAPTER_CHECK=fixes.sort_adapter_check,
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,8 +270,13 @@ def _launch_triton(
 
 
 @triton.jit
-def _skip_slot(lora_id, adapter_enabled_ptr, max_loras, FIXED_OOB_GUARD: tl.constexpr,
-               CHECK_ADAPTER: tl.constexpr):  # fmt: skip
+def _skip_slot(
+    lora_id,
+    adapter_enabled_ptr,
+    max_loras,
+    FIXED_OOB_GUARD: tl.constexpr,
+    CHECK_ADAPTER: tl.constexpr,
+):
     """True when this program's slot must write nothing."""
     skip = lora_id == -1
     if FIXED_OOB_GUARD:  # fix: moe_align_oob_guard -- a forged id must not index missing rows.
@@ -244,12 +314,23 @@ def _fill_row(row_ptr, value, length, CHUNK: tl.constexpr):
 
 @triton.jit
 def _small_batch_kernel(
-    topk_ids_ptr, token_lora_mapping_ptr, lora_ids_ptr, adapter_enabled_ptr,
-    sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_pad_ptr,
-    numel, top_k, max_loras, max_num_tokens_padded, max_num_m_blocks,
-    BLOCK_SIZE: tl.constexpr, EXPERT_BLOCK: tl.constexpr, NUMEL_BLOCK: tl.constexpr,
+    topk_ids_ptr,
+    token_lora_mapping_ptr,
+    lora_ids_ptr,
+    adapter_enabled_ptr,
+    sorted_token_ids_ptr,
+    expert_ids_ptr,
+    num_tokens_post_pad_ptr,
+    numel,
+    top_k,
+    max_loras,
+    max_num_tokens_padded,
+    max_num_m_blocks,
+    BLOCK_SIZE: tl.constexpr,
+    EXPERT_BLOCK: tl.constexpr,
+    NUMEL_BLOCK: tl.constexpr,
     FIXED_OOB_GUARD: tl.constexpr,
-):  # fmt: skip
+):
     """One program per slot; the whole batch fits one block of pairs."""
     lora_id = tl.load(lora_ids_ptr + tl.program_id(0))
     if _skip_slot(lora_id, adapter_enabled_ptr, max_loras, FIXED_OOB_GUARD, True):
@@ -262,8 +343,9 @@ def _small_batch_kernel(
     onehot = (expert[:, None] == tl.arange(0, EXPERT_BLOCK)[None, :]).to(tl.int32)
     starts, ends, total = _padded_layout(tl.sum(onehot, axis=0), BLOCK_SIZE)
     tl.store(num_tokens_post_pad_ptr + lora, total)
-    _expert_of_blocks(expert_ids_ptr + lora * max_num_m_blocks, ends, total, max_num_m_blocks,
-                      BLOCK_SIZE)  # fmt: skip
+    _expert_of_blocks(
+        expert_ids_ptr + lora * max_num_m_blocks, ends, total, max_num_m_blocks, BLOCK_SIZE
+    )
     row_ptr = sorted_token_ids_ptr + lora * max_num_tokens_padded
     _fill_row(row_ptr, numel, max_num_tokens_padded, 256)
     tl.debug_barrier()  # NOTE: padding must land before the pairs that overwrite it.
@@ -274,20 +356,35 @@ def _small_batch_kernel(
 
 @triton.jit
 def _align_kernel(
-    topk_ids_ptr, token_lora_mapping_ptr, lora_ids_ptr, adapter_enabled_ptr,
-    sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_pad_ptr, token_mask_ptr, cumsum_ptr,
-    numel, top_k, num_experts, max_loras, max_num_tokens_padded, max_num_m_blocks,
-    BLOCK_SIZE: tl.constexpr, EXPERT_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    topk_ids_ptr,
+    token_lora_mapping_ptr,
+    lora_ids_ptr,
+    adapter_enabled_ptr,
+    sorted_token_ids_ptr,
+    expert_ids_ptr,
+    num_tokens_post_pad_ptr,
+    token_mask_ptr,
+    cumsum_ptr,
+    numel,
+    top_k,
+    num_experts,
+    max_loras,
+    max_num_tokens_padded,
+    max_num_m_blocks,
+    BLOCK_SIZE: tl.constexpr,
+    EXPERT_BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
     FIXED_OOB_GUARD: tl.constexpr,
-):  # fmt: skip
+):
     """Two programs per slot: 0 writes the token mask, layout and expert ids; 1 pads the row."""
     lora_id = tl.load(lora_ids_ptr + tl.program_id(1))
     if _skip_slot(lora_id, adapter_enabled_ptr, max_loras, FIXED_OOB_GUARD, True):
         return
     lora = lora_id.to(tl.int64)
     if tl.program_id(0) == 1:
-        _fill_row(sorted_token_ids_ptr + lora * max_num_tokens_padded, numel,
-                  max_num_tokens_padded, CHUNK)  # fmt: skip
+        _fill_row(
+            sorted_token_ids_ptr + lora * max_num_tokens_padded, numel, max_num_tokens_padded, CHUNK
+        )
         return
     counts = tl.zeros([EXPERT_BLOCK], tl.int32)
     for c0 in range(0, numel, CHUNK):
@@ -305,21 +402,33 @@ def _align_kernel(
     tl.store(cumsum_row + experts, starts, mask=experts < num_experts)
     tl.store(cumsum_row + num_experts, total)
     tl.store(num_tokens_post_pad_ptr + lora, total)
-    _expert_of_blocks(expert_ids_ptr + lora * max_num_m_blocks, ends, total, max_num_m_blocks,
-                      BLOCK_SIZE)  # fmt: skip
+    _expert_of_blocks(
+        expert_ids_ptr + lora * max_num_m_blocks, ends, total, max_num_m_blocks, BLOCK_SIZE
+    )
 
 
 @triton.jit
 def _count_and_sort_kernel(
-    topk_ids_ptr, lora_ids_ptr, adapter_enabled_ptr, sorted_token_ids_ptr, token_mask_ptr,
-    cumsum_ptr, numel, num_experts, max_loras, max_num_tokens_padded,
-    CHUNK: tl.constexpr, FIXED_OOB_GUARD: tl.constexpr, FIXED_SORT_ADAPTER_CHECK: tl.constexpr,
-):  # fmt: skip
+    topk_ids_ptr,
+    lora_ids_ptr,
+    adapter_enabled_ptr,
+    sorted_token_ids_ptr,
+    token_mask_ptr,
+    cumsum_ptr,
+    numel,
+    num_experts,
+    max_loras,
+    max_num_tokens_padded,
+    CHUNK: tl.constexpr,
+    FIXED_OOB_GUARD: tl.constexpr,
+    FIXED_SORT_ADAPTER_CHECK: tl.constexpr,
+):
     """Place each masked pair at its expert's next free position (atomic on the cumsum row)."""
     lora_id = tl.load(lora_ids_ptr + tl.program_id(1))
     # fix: moe_align_sort_adapter_check -- a disabled slot's token-mask row was never written.
-    if _skip_slot(lora_id, adapter_enabled_ptr, max_loras, FIXED_OOB_GUARD,
-                  FIXED_SORT_ADAPTER_CHECK):  # fmt: skip
+    if _skip_slot(
+        lora_id, adapter_enabled_ptr, max_loras, FIXED_OOB_GUARD, FIXED_SORT_ADAPTER_CHECK
+    ):
         return
     lora = lora_id.to(tl.int64)
     pairs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)

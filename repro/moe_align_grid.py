@@ -53,8 +53,13 @@ class Batch:
         return align_sizes(self.topk_ids.numel(), NUM_EXPERTS, BLOCK_SIZE)
 
 
-def make_batch(ctx: Context, num_tokens: int, lora_ids: list[int], max_loras: int,
-               adapter_enabled: torch.Tensor | None = None) -> Batch:  # fmt: skip
+def make_batch(
+    ctx: Context,
+    num_tokens: int,
+    lora_ids: list[int],
+    max_loras: int,
+    adapter_enabled: torch.Tensor | None = None,
+) -> Batch:
     """Seeded batch whose tokens cover every id of `lora_ids` (-1 = base model)."""
     gen = torch.Generator().manual_seed(ctx.seed)
     topk = torch.randint(0, NUM_EXPERTS, (num_tokens, TOP_K), generator=gen, dtype=torch.int32)
@@ -79,23 +84,40 @@ def backend(ctx: Context) -> str:
 def sentinel_outputs(batch: Batch, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     padded, m_blocks = batch.sizes
     shapes = ((batch.max_loras, padded), (batch.max_loras, m_blocks), (batch.max_loras,))
-    return tuple(torch.full(s, v, dtype=torch.int32, device=device)
-                 for s, v in zip(shapes, SENTINELS, strict=True))  # fmt: skip
+    return tuple(
+        torch.full(s, v, dtype=torch.int32, device=device)
+        for s, v in zip(shapes, SENTINELS, strict=True)
+    )
 
 
 def run_align(ctx: Context, batch: Batch, outputs, **workspaces) -> None:
     moe_lora_align_block_size(
-        batch.topk_ids, batch.token_lora_mapping, batch.lora_ids, batch.adapter_enabled, *outputs, num_experts=NUM_EXPERTS, block_size=BLOCK_SIZE, max_loras=batch.max_loras,
-        fixes=align_fixes(ctx), backend=backend(ctx), **workspaces,
-    )  # fmt: skip
+        batch.topk_ids,
+        batch.token_lora_mapping,
+        batch.lora_ids,
+        batch.adapter_enabled,
+        *outputs,
+        num_experts=NUM_EXPERTS,
+        block_size=BLOCK_SIZE,
+        max_loras=batch.max_loras,
+        fixes=align_fixes(ctx),
+        backend=backend(ctx),
+        **workspaces,
+    )
 
 
 def align_problems(label: str, batch: Batch, outputs, prefill) -> list[str | None]:
     """Compare all three outputs with the reference (expert segments order-free)."""
     expected = moe_lora_align_reference(
-        batch.topk_ids, batch.token_lora_mapping, batch.lora_ids, batch.adapter_enabled,
-        prefill, num_experts=NUM_EXPERTS, block_size=BLOCK_SIZE, max_loras=batch.max_loras,
-    )  # fmt: skip
+        batch.topk_ids,
+        batch.token_lora_mapping,
+        batch.lora_ids,
+        batch.adapter_enabled,
+        prefill,
+        num_experts=NUM_EXPERTS,
+        block_size=BLOCK_SIZE,
+        max_loras=batch.max_loras,
+    )
     rows = processed_lora_ids(batch.lora_ids.cpu(), batch.adapter_enabled.cpu(), batch.max_loras)
     sorted_ids = canonical_sorted_ids(outputs[0], outputs[1], rows, BLOCK_SIZE)
     return [
@@ -149,8 +171,16 @@ def consumer_poisoned(ctx: Context) -> str:
     run_align(ctx, batch, outputs)
     out = torch.full((SMALL_TOKENS * TOP_K, RANK), -7.0, device=ctx.device)
     prefill = out.clone()
-    fused_moe_lora_shrink(x, lora_a, *outputs, batch.lora_ids, batch.adapter_enabled, out,
-                          top_k=TOP_K, block_size=BLOCK_SIZE)  # fmt: skip
+    fused_moe_lora_shrink(
+        x,
+        lora_a,
+        *outputs,
+        batch.lora_ids,
+        batch.adapter_enabled,
+        out,
+        top_k=TOP_K,
+        block_size=BLOCK_SIZE,
+    )
     expected = fused_moe_lora_shrink_reference(
         x, lora_a, batch.topk_ids, batch.token_lora_mapping, batch.adapter_enabled, prefill
     )
@@ -182,9 +212,14 @@ def oob_lora_id(ctx: Context) -> str:
         run_align(ctx, batch, outputs, token_mask=token_mask.view, cumsum=cumsum.view)
         label = f"{path} path:"
         problems += align_problems(label, batch, outputs, prefill)
-        problems += [g.trampled(f"{label} {name}") for name, g in (
-            ("sorted_token_ids", sorted_ids), ("expert_ids", expert_ids),
-            ("num_tokens_post_pad", post_pad))]  # fmt: skip
+        problems += [
+            g.trampled(f"{label} {name}")
+            for name, g in (
+                ("sorted_token_ids", sorted_ids),
+                ("expert_ids", expert_ids),
+                ("num_tokens_post_pad", post_pad),
+            )
+        ]
     expect_all(problems)
     return "id 5 skipped on both paths; lora 0 rows match; canaries intact"
 
@@ -230,12 +265,17 @@ RECORD = BugRecord(
             "oob_lora_id",
             oob_lora_id,
             (
-                Expect(frozenset({GRID}), ByDevice.both(Outcome.PASS),
-                       why="without the grid fix the stray slot is never launched"),  # fmt: skip
+                Expect(
+                    frozenset({GRID}),
+                    ByDevice.both(Outcome.PASS),
+                    why="without the grid fix the stray slot is never launched",
+                ),
                 Expect(frozenset({GUARD}), WRONG),
             ),
         ),
-        Scenario("disabled_adapter", disabled_adapter, (Expect(frozenset({SORT_CHECK, GRID}), WRONG),)),
+        Scenario(
+            "disabled_adapter", disabled_adapter, (Expect(frozenset({SORT_CHECK, GRID}), WRONG),)
+        ),
     ),
     history="Triton twin of the same off-by-one: vLLM #32277 (fused_moe_lora launch grid).",
 )

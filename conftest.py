@@ -1,0 +1,58 @@
+"""Pytest wiring: device selection, one marker per registered bug, one GPU per xdist worker.
+
+Order matters: the worker's CUDA_VISIBLE_DEVICES and the Triton interpreter switch are set in
+pytest_configure, before any test module imports torch's CUDA state or a kernel module.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness import device as devices
+
+DEVICE_KEY = pytest.StashKey[str]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        choices=devices.CHOICES,
+        default=None,
+        help="cpu (Triton interpreter), cuda, or auto (default: $REPRO_DEVICE, "
+        "else auto = cuda when available)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    devices.pin_xdist_worker(os.environ.get("PYTEST_XDIST_WORKER"))
+    device = devices.resolve(config.getoption("--device"))
+    if device == "cuda" and not devices.cuda_available():
+        raise pytest.UsageError("--device cuda: no CUDA device is available here")
+    devices.activate(device)
+    config.stash[DEVICE_KEY] = device
+    from repro.registry import BUGS
+
+    for bug in BUGS:
+        config.addinivalue_line("markers", f"{bug.id}: regression tests of {bug.upstream}")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+    return f"repro device: {config.stash[DEVICE_KEY]} (CUDA_VISIBLE_DEVICES={gpu})"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.stash[DEVICE_KEY] == "cuda":
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; this run's device is cpu")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig: pytest.Config) -> str:
+    """The run's device: 'cpu' (kernels through Triton's interpreter) or 'cuda'."""
+    return pytestconfig.stash[DEVICE_KEY]

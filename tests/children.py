@@ -1,0 +1,52 @@
+"""Scenario-shaped functions that end in every way a child can, for the isolation tests."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from harness.outcome import Skip, WrongResult
+from harness.record import Context
+
+
+def passes(ctx: Context) -> str:
+    return f"passed on {ctx.device} with {len(ctx.fixes)} fixes"
+
+
+def wrong(ctx: Context) -> str:
+    raise WrongResult("row 3: 5 vs 7")
+
+
+def segfaults(ctx: Context) -> str:
+    ctypes.string_at(0x10, 8)  # reads an unmapped page
+    return "unreachable"
+
+
+def aborts(ctx: Context) -> str:
+    os.abort()
+
+
+def hangs(ctx: Context) -> str:
+    time.sleep(600)
+    return "unreachable"
+
+
+def cuda_assert_error(ctx: Context) -> str:
+    raise RuntimeError("CUDA error: device-side assert triggered\nCompile with TORCH_USE_CUDA_DSA")
+
+
+def triton_illegal_address(ctx: Context) -> str:
+    raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
+
+
+def plain_bug_in_scenario(ctx: Context) -> str:
+    raise KeyError("scenario typo")
+
+
+def exits_without_report(ctx: Context) -> str:
+    os._exit(3)
+
+
+def skips(ctx: Context) -> str:
+    raise Skip("needs a compiler")

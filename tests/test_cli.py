@@ -1,0 +1,142 @@
+"""The `repro` command: output, exit codes for git bisect, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from harness import device as devices
+from harness.cli import main
+from repro.registry import BUGS
+
+
+def repro(capsys, *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as stop:
+        main(list(argv))
+    out = capsys.readouterr()
+    return stop.value.code, out.out, out.err
+
+
+def test_list_shows_every_bug(capsys) -> None:
+    code, out, _ = repro(capsys, "list")
+    assert code == 0
+    for bug in BUGS:
+        line = next(row for row in out.splitlines() if row.startswith(bug.id))
+        assert bug.upstream.rsplit("/", 1)[-1] in line and bug.buggy_outcome.cuda.value in line
+
+
+def test_info_shows_the_record(capsys) -> None:
+    code, out, _ = repro(capsys, "info", "moe_align_grid")
+    assert code == 0
+    for text in (
+        "pull/40131",
+        "moe_align_sort_adapter_check",
+        "scenario oob_lora_id",
+        "without moe_align_grid_plus_one: cpu pass",
+        "#32277",
+    ):
+        assert text in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["info", "no_such_bug"], "unknown bug id 'no_such_bug'; valid ids: moe_align_grid"),
+        (["check", "no_such_bug"], "unknown bug id"),
+        (["run", "moe_align_grid", "--without", "nope"], "unknown fix part 'nope'; valid parts:"),
+        (
+            ["check", "moe_align_grid", "--variant", "buggy", "--without", "moe_align_oob_guard"],
+            "use one of",
+        ),
+        (["run", "moe_align_grid", "--scenario", "nope"], "has no scenario 'nope'; scenarios:"),
+        (["check", "moe_align_grid", "--device", "tpu"], "device must be one of"),
+        (["check", "moe_align_grid", "--variant", "broken"], "invalid choice"),
+        (["frobnicate"], "invalid choice"),
+        ([], "required"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(capsys, argv, message) -> None:
+    code, _, err = repro(capsys, *argv)
+    assert code == 2
+    assert message in err
+
+
+@pytest.mark.skipif(devices.cuda_available(), reason="this machine has a GPU")
+def test_cuda_without_gpu_cannot_test(capsys) -> None:
+    code, out, _ = repro(capsys, "check", "moe_align_grid", "--device", "cuda")
+    assert code == 125 and "cannot test: no CUDA device" in out
+    code, out, _ = repro(capsys, "run", "moe_align_grid", "--device", "cuda")
+    assert code == 125 and "skipped: no CUDA device" in out
+
+
+@pytest.mark.parametrize(
+    ("variant", "code", "verdict"), [("fixed", 0, "absent"), ("buggy", 1, "PRESENT")]
+)
+def test_check_exit_codes(capsys, device, variant, code, verdict) -> None:
+    got, out, _ = repro(
+        capsys,
+        "check",
+        "moe_align_grid",
+        "--variant",
+        variant,
+        "--device",
+        device,
+        "--scenario",
+        "last_slot_rows",
+    )
+    assert got == code, out
+    assert f"moe_align_grid [{variant}, {device}]: {verdict}" in out
+
+
+def test_run_json(capsys, device) -> None:
+    code, out, _ = repro(
+        capsys,
+        "run",
+        "moe_align_grid",
+        "--json",
+        "--device",
+        device,
+        "--without",
+        "moe_align_oob_guard",
+        "--scenario",
+        "oob_lora_id",
+    )
+    assert code == 1
+    [row] = json.loads(out)
+    assert row["outcome"] == row["expected"] == "wrong_result"
+    assert row["fixes_off"] == ["moe_align_oob_guard"]
+    assert "canary overwritten in rows [5]" in row["evidence"]
+
+
+def test_matrix_writes_json_and_junit(capsys, device, tmp_path) -> None:
+    jpath, xpath = tmp_path / "m.json", tmp_path / "m.xml"
+    code, out, _ = repro(
+        capsys,
+        "matrix",
+        "--bug",
+        "moe_align_grid",
+        "--device",
+        device,
+        "--json",
+        str(jpath),
+        "--junit",
+        str(xpath),
+    )
+    assert code == 0, out
+    rows = json.loads(jpath.read_text())
+    assert {(r["variant"], r["device"]) for r in rows} == {("fixed", device), ("buggy", device)}
+    assert all(r["outcome"] == r["expected"] for r in rows)
+    assert "8/8 runs as expected" in out
+    suite = ET.parse(xpath).getroot()
+    assert suite.get("tests") == "8" and suite.get("failures") == "0"
+
+
+def test_module_entry_point() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "list"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0 and "moe_align_grid" in done.stdout

@@ -1,0 +1,45 @@
+"""Device resolution and GPU pinning of xdist workers (env read without initializing CUDA)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness import device as devices
+
+
+@pytest.mark.parametrize(
+    ("visible", "worker", "pinned"),
+    [
+        ("0,1,2,3", "gw0", "0"),
+        ("0,1,2,3", "gw5", "1"),
+        ("4,6", "gw1", "6"),
+        ("GPU-abc,GPU-def", "gw2", "GPU-abc"),
+    ],
+)
+def test_worker_gets_one_gpu_of_the_callers_list(monkeypatch, visible, worker, pinned) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert devices.pin_xdist_worker(worker) == pinned
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == pinned
+
+
+def test_no_worker_or_no_gpu_leaves_env_alone(monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert devices.pin_xdist_worker("gw0") is None
+    assert devices.pin_xdist_worker(None) is None
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_resolve(monkeypatch) -> None:
+    monkeypatch.delenv(devices.ENV_DEVICE, raising=False)
+    assert devices.resolve("cpu") == "cpu"
+    assert devices.resolve("auto") == ("cuda" if devices.cuda_available() else "cpu")
+    monkeypatch.setenv(devices.ENV_DEVICE, "cpu")
+    assert devices.resolve(None) == "cpu"
+    with pytest.raises(ValueError, match="device must be one of"):
+        devices.resolve("tpu")
+
+
+def test_run_uses_the_interpreter_exactly_on_cpu(device) -> None:
+    assert (os.environ.get("TRITON_INTERPRET") == "1") == (device == "cpu")

@@ -1,0 +1,97 @@
+"""The classifier on synthetic child exits, and the bisect exit-code mapping."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from harness.outcome import ChildExit, Outcome, classify, exit_code
+
+
+def exited(code: int | None, report: dict | None = None, stderr: str = "", **kw) -> ChildExit:
+    return ChildExit(code, code is None, report, stderr, **kw)
+
+
+@pytest.mark.parametrize(
+    ("child", "outcome"),
+    [
+        (exited(0, {"status": "pass"}), Outcome.PASS),
+        (exited(0, {"status": "wrong_result", "detail": "x"}), Outcome.WRONG_RESULT),
+        (exited(0, {"status": "skipped", "detail": "no gpu"}), Outcome.SKIPPED),
+        (
+            exited(
+                0,
+                {
+                    "status": "exception",
+                    "type": "RuntimeError",
+                    "message": "CUDA error: device-side assert triggered",
+                },
+            ),
+            Outcome.DEVICE_ASSERT,
+        ),
+        (
+            exited(
+                0,
+                {
+                    "status": "exception",
+                    "type": "RuntimeError",
+                    "message": "CUDA error: an illegal memory access was encountered",
+                },
+            ),
+            Outcome.ILLEGAL_ADDRESS,
+        ),
+        (
+            exited(
+                0,
+                {
+                    "status": "exception",
+                    "type": "RuntimeError",
+                    "message": "Triton Error [CUDA]: misaligned address",
+                },
+            ),
+            Outcome.ILLEGAL_ADDRESS,
+        ),
+        (
+            exited(0, {"status": "exception", "type": "ValueError", "message": "bad shape"}),
+            Outcome.ERROR,
+        ),
+        (exited(-signal.SIGSEGV), Outcome.ILLEGAL_ADDRESS),
+        (exited(-signal.SIGBUS), Outcome.ILLEGAL_ADDRESS),
+        (exited(-signal.SIGABRT), Outcome.CRASH),
+        (exited(-signal.SIGKILL), Outcome.CRASH),
+        (exited(None), Outcome.TIMEOUT),
+        (exited(1, None, "Traceback...\nImportError: no module"), Outcome.ERROR),
+        (exited(1, None, "/k.cu:12: Assertion `idx < n` failed."), Outcome.DEVICE_ASSERT),
+        (exited(0, None), Outcome.ERROR),
+        # a report of pass is not trusted when the process then died
+        (exited(-signal.SIGABRT, {"status": "pass"}), Outcome.CRASH),
+        (
+            exited(99, {"status": "pass"}, "========= ERROR SUMMARY: 3 errors", sanitizer=True),
+            Outcome.SANITIZER_ERROR,
+        ),
+        (
+            exited(0, {"status": "pass"}, "========= ERROR SUMMARY: 0 errors", sanitizer=True),
+            Outcome.PASS,
+        ),
+    ],
+)
+def test_classify(child: ChildExit, outcome: Outcome) -> None:
+    assert classify(child).outcome == outcome
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "code"),
+    [
+        ([Outcome.PASS, Outcome.PASS], 0),
+        ([Outcome.PASS, Outcome.WRONG_RESULT], 1),
+        ([Outcome.ERROR, Outcome.ILLEGAL_ADDRESS], 1),
+        ([Outcome.TIMEOUT], 1),
+        ([Outcome.PASS, Outcome.ERROR], 125),
+        ([Outcome.SKIPPED], 125),
+        ([], 125),
+    ],
+)
+def test_exit_code_for_bisect(outcomes: list[Outcome], code: int) -> None:
+    assert exit_code(outcomes) == code
+    assert 0 <= code < 128
