@@ -12,12 +12,15 @@ import importlib
 import json
 import os
 import sys
+import time
 import traceback
 
 from harness import device as devices
 from harness.fixes import Fix
 from harness.outcome import Skip, WrongResult
 from harness.record import Context
+
+STARTED = time.monotonic()  # startup before this (interpreter, harness imports) is a few ms
 
 
 def _resolve(target: str):
@@ -28,8 +31,8 @@ def _resolve(target: str):
     return obj
 
 
-def run(spec: dict) -> dict:
-    """Run the scenario named by `spec`; never raises."""
+def run(spec: dict, timings: dict[str, float]) -> dict:
+    """Run the scenario named by `spec`; never raises. Fills `timings` as it goes."""
     try:
         import torch
 
@@ -38,6 +41,7 @@ def run(spec: dict) -> dict:
         fn = _resolve(spec["target"])
         ctx = Context(frozenset(Fix(n) for n in spec["fixes"]), spec["device"], spec["seed"])
         torch.manual_seed(ctx.seed)
+        timings["startup_s"] = time.monotonic() - STARTED
         detail = fn(ctx)
         if ctx.device == "cuda":
             torch.cuda.synchronize()
@@ -55,7 +59,11 @@ def main(argv: list[str]) -> None:
     spec, report_path = json.loads(argv[1]), argv[2]
     devices.activate(spec["device"])
     faulthandler.enable()
-    report = run(spec)
+    timings: dict[str, float] = {}
+    report = run(spec, timings)
+    if "startup_s" in timings:
+        timings["scenario_s"] = time.monotonic() - STARTED - timings["startup_s"]
+    report["timings"] = timings
     with open(report_path + ".tmp", "w") as f:
         json.dump(report, f)
     os.replace(report_path + ".tmp", report_path)

@@ -204,7 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         mark = "as expected" if r.outcome == expected else f"UNEXPECTED, expected {expected.value}"
         print(
             f"{bug.id} [{variant}, {device}] {r.job.scenario}: {r.outcome.value} "
-            f"({mark}, {r.seconds:.1f}s)"
+            f"({mark}, {r.seconds:.1f}s{_scenario_time(r)})"
         )
         if r.evidence:
             print("    " + r.evidence.replace("\n", "\n    "))
@@ -297,11 +297,15 @@ def _progress(records: dict[Job, BugRecord], total: int):
         mark = "ok" if cell.ok else f"UNEXPECTED (expected {cell.expected.value})"
         print(
             f"[{done[0]:>3}/{total}] {r.job.bug} {cell.variant} {r.job.device} "
-            f"{r.job.scenario}: {r.outcome.value} {mark} {r.seconds:.1f}s",
+            f"{r.job.scenario}: {r.outcome.value} {mark} {r.seconds:.1f}s{_scenario_time(r)}",
             flush=True,
         )
 
     return show
+
+
+def _scenario_time(r: Result) -> str:
+    return "" if r.scenario_seconds is None else f" (scenario {r.scenario_seconds:.2f}s)"
 
 
 def _print_summary(cells: list[Cell], seconds: float) -> None:
@@ -341,6 +345,7 @@ def _result_json(r: Result, bug: BugRecord) -> dict:
         "outcome": r.outcome.value,
         "expected": bug.scenario(r.job.scenario).expected(r.job.fixes, r.job.device).value,
         "seconds": round(r.seconds, 3),
+        "scenario_seconds": None if r.scenario_seconds is None else round(r.scenario_seconds, 3),
         "evidence": r.evidence,
     }
 

@@ -42,13 +42,15 @@ class Result:
     job: Job
     outcome: Outcome
     evidence: str
-    seconds: float
+    seconds: float  # wall time of the whole child, spawn to reap
+    scenario_seconds: float | None = None  # the scenario alone, as the child measured it
 
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")  # many children at once; scenarios are tiny
     return env
 
 
@@ -99,7 +101,8 @@ def run_job(job: Job) -> Result:
             job.sanitizer,
         )
     verdict = classify(child)
-    return Result(job, verdict.outcome, verdict.evidence, time.monotonic() - start)
+    scenario_s = (child.report or {}).get("timings", {}).get("scenario_s")
+    return Result(job, verdict.outcome, verdict.evidence, time.monotonic() - start, scenario_s)
 
 
 def run_jobs(

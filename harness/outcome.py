@@ -72,7 +72,9 @@ class Classified:
 
 
 # Patterns over exception messages and stderr, first match wins.
-_DEVICE_ASSERT = re.compile(r"device-side assert|Assertion `.*` failed|CUDA_ERROR_ASSERT")
+# NOTE: every torch CUDA error ends "Compile with TORCH_USE_CUDA_DSA to enable device-side
+# assertions", so match the assert itself, not the phrase.
+_DEVICE_ASSERT = re.compile(r"device-side assert triggered|Assertion `.*` failed|CUDA_ERROR_ASSERT")
 _ILLEGAL_ADDRESS = re.compile(
     r"illegal memory access|CUDA_ERROR_ILLEGAL_ADDRESS|misaligned address|"
     r"unspecified launch failure|CUDA_ERROR_LAUNCH_FAILED"

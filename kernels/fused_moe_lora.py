@@ -99,7 +99,7 @@ def _fused_moe_lora_shrink_kernel(
     adapter_enabled_ptr,
     numel,
     top_k,
-    hidden,
+    HIDDEN: tl.constexpr,
     rank,
     max_num_tokens_padded,
     max_num_m_blocks,
@@ -133,16 +133,16 @@ def _fused_moe_lora_shrink_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_base = w_ptr + lora * stride_wl + expert * stride_we
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
+    for k0 in range(0, HIDDEN, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(
-            x_ptr + tokens[:, None] * hidden + ks[None, :],
-            mask=valid[:, None] & (ks[None, :] < hidden),
+            x_ptr + tokens[:, None] * HIDDEN + ks[None, :],
+            mask=valid[:, None] & (ks[None, :] < HIDDEN),
             other=0.0,
         )
         b = tl.load(
             w_base + cols[None, :] * stride_wr + ks[:, None],
-            mask=(cols[None, :] < rank) & (ks[:, None] < hidden),
+            mask=(cols[None, :] < rank) & (ks[:, None] < HIDDEN),
             other=0.0,
         )
         acc += tl.dot(a, b)

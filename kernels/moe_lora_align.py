@@ -266,6 +266,9 @@ def _launch_triton(
 
 # ---------------------------------------------------------------------------------------------
 # Triton kernels
+# NOTE: loop bounds are constexpr: Triton 3.6's interpreter cannot take a runtime scalar as a
+# range bound under numpy >= 2.4 (int() of a 1-element array), so sizes that bound loops are
+# compile-time constants on every backend.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -295,21 +298,23 @@ def _padded_layout(counts, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
-def _expert_of_blocks(expert_ids_ptr, ends, total, m_blocks, BLOCK_SIZE: tl.constexpr):
+def _expert_of_blocks(
+    expert_ids_ptr, ends, total, M_BLOCKS: tl.constexpr, BLOCK_SIZE: tl.constexpr
+):
     """Write the expert of every block of one row; -1 past the padded total."""
-    for b0 in range(0, m_blocks, 64):
+    for b0 in range(0, M_BLOCKS, 64):
         blocks = b0 + tl.arange(0, 64)
         start = blocks * BLOCK_SIZE
         below = (ends[None, :] <= start[:, None]).to(tl.int32)  # [64, EXPERT_BLOCK]
         expert = tl.where(start < total, tl.sum(below, axis=1), -1)
-        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < m_blocks)
+        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < M_BLOCKS)
 
 
 @triton.jit
-def _fill_row(row_ptr, value, length, CHUNK: tl.constexpr):
-    for c0 in range(0, length, CHUNK):
+def _fill_row(row_ptr, value, LENGTH: tl.constexpr, CHUNK: tl.constexpr):
+    for c0 in range(0, LENGTH, CHUNK):
         offs = c0 + tl.arange(0, CHUNK)
-        tl.store(row_ptr + offs, tl.full([CHUNK], value, tl.int32), mask=offs < length)
+        tl.store(row_ptr + offs, tl.full([CHUNK], value, tl.int32), mask=offs < LENGTH)
 
 
 @triton.jit
@@ -321,11 +326,11 @@ def _small_batch_kernel(
     sorted_token_ids_ptr,
     expert_ids_ptr,
     num_tokens_post_pad_ptr,
-    numel,
+    NUMEL: tl.constexpr,
     top_k,
     max_loras,
-    max_num_tokens_padded,
-    max_num_m_blocks,
+    MAX_NUM_TOKENS_PADDED: tl.constexpr,
+    MAX_NUM_M_BLOCKS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     EXPERT_BLOCK: tl.constexpr,
     NUMEL_BLOCK: tl.constexpr,
@@ -337,17 +342,17 @@ def _small_batch_kernel(
         return
     lora = lora_id.to(tl.int64)
     pairs = tl.arange(0, NUMEL_BLOCK)
-    in_range = pairs < numel
+    in_range = pairs < NUMEL
     mine = in_range & (tl.load(token_lora_mapping_ptr + pairs // top_k, mask=in_range) == lora_id)
     expert = tl.load(topk_ids_ptr + pairs, mask=mine, other=-1)
     onehot = (expert[:, None] == tl.arange(0, EXPERT_BLOCK)[None, :]).to(tl.int32)
     starts, ends, total = _padded_layout(tl.sum(onehot, axis=0), BLOCK_SIZE)
     tl.store(num_tokens_post_pad_ptr + lora, total)
     _expert_of_blocks(
-        expert_ids_ptr + lora * max_num_m_blocks, ends, total, max_num_m_blocks, BLOCK_SIZE
+        expert_ids_ptr + lora * MAX_NUM_M_BLOCKS, ends, total, MAX_NUM_M_BLOCKS, BLOCK_SIZE
     )
-    row_ptr = sorted_token_ids_ptr + lora * max_num_tokens_padded
-    _fill_row(row_ptr, numel, max_num_tokens_padded, 256)
+    row_ptr = sorted_token_ids_ptr + lora * MAX_NUM_TOKENS_PADDED
+    _fill_row(row_ptr, NUMEL, MAX_NUM_TOKENS_PADDED, 256)
     tl.debug_barrier()  # NOTE: padding must land before the pairs that overwrite it.
     rank = tl.cumsum(onehot, axis=0) - 1  # [NUMEL_BLOCK, EXPERT_BLOCK]
     dest = tl.sum(tl.where(onehot != 0, starts[None, :] + rank, 0), axis=1)
@@ -365,12 +370,12 @@ def _align_kernel(
     num_tokens_post_pad_ptr,
     token_mask_ptr,
     cumsum_ptr,
-    numel,
+    NUMEL: tl.constexpr,
     top_k,
     num_experts,
     max_loras,
-    max_num_tokens_padded,
-    max_num_m_blocks,
+    MAX_NUM_TOKENS_PADDED: tl.constexpr,
+    MAX_NUM_M_BLOCKS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     EXPERT_BLOCK: tl.constexpr,
     CHUNK: tl.constexpr,
@@ -383,16 +388,16 @@ def _align_kernel(
     lora = lora_id.to(tl.int64)
     if tl.program_id(0) == 1:
         _fill_row(
-            sorted_token_ids_ptr + lora * max_num_tokens_padded, numel, max_num_tokens_padded, CHUNK
+            sorted_token_ids_ptr + lora * MAX_NUM_TOKENS_PADDED, NUMEL, MAX_NUM_TOKENS_PADDED, CHUNK
         )
         return
     counts = tl.zeros([EXPERT_BLOCK], tl.int32)
-    for c0 in range(0, numel, CHUNK):
+    for c0 in range(0, NUMEL, CHUNK):
         pairs = c0 + tl.arange(0, CHUNK)
-        in_range = pairs < numel
+        in_range = pairs < NUMEL
         owner = tl.load(token_lora_mapping_ptr + pairs // top_k, mask=in_range, other=-1)
         mine = in_range & (owner == lora_id)
-        tl.store(token_mask_ptr + lora * numel + pairs, mine.to(tl.int32), mask=in_range)
+        tl.store(token_mask_ptr + lora * NUMEL + pairs, mine.to(tl.int32), mask=in_range)
         expert = tl.load(topk_ids_ptr + pairs, mask=mine, other=-1)
         onehot = expert[:, None] == tl.arange(0, EXPERT_BLOCK)[None, :]
         counts += tl.sum(onehot.to(tl.int32), axis=0)
@@ -403,7 +408,7 @@ def _align_kernel(
     tl.store(cumsum_row + num_experts, total)
     tl.store(num_tokens_post_pad_ptr + lora, total)
     _expert_of_blocks(
-        expert_ids_ptr + lora * max_num_m_blocks, ends, total, max_num_m_blocks, BLOCK_SIZE
+        expert_ids_ptr + lora * MAX_NUM_M_BLOCKS, ends, total, MAX_NUM_M_BLOCKS, BLOCK_SIZE
     )
 
 

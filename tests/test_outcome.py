@@ -8,6 +8,13 @@ import pytest
 
 from harness.outcome import ChildExit, Outcome, classify, exit_code
 
+# torch 2.11's text for an illegal address: it also mentions device-side assertions.
+TORCH_IMA = (
+    "CUDA error: an illegal memory access was encountered\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call\n"
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+)
+
 
 def exited(code: int | None, report: dict | None = None, stderr: str = "", **kw) -> ChildExit:
     return ChildExit(code, code is None, report, stderr, **kw)

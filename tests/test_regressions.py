@@ -46,7 +46,7 @@ def built(device: str) -> None:
             csrc.load(name)
 
 
-@pytest.mark.parametrize(("bug", "scenario", "fixes"), _cases())
+@pytest.mark.parametrize(("bug", "scenario", "fixes"), list(_cases()))
 def test_scenario_shows_expected_outcome(device, built, bug, scenario, fixes) -> None:
     expected = scenario.expected(fixes, device)
     result = run_job(Job(bug.id, scenario.name, scenario.target, fixes, device, scenario.timeout_s))
