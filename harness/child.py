@@ -1,8 +1,9 @@
-"""Child entry point: run one scenario and write a JSON report as the last act.
+"""A scenario child: run one scenario and write a JSON report as the last act.
 
     python -m harness.child '<spec json>' REPORT_PATH
 
-The device switch happens before torch, Triton or any kernel module is imported.
+or, forked by harness.forkserver, `execute()` directly. The device switch happens before
+torch, Triton or any kernel module is imported.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from harness.fixes import Fix
 from harness.outcome import Skip, WrongResult
 from harness.record import Context
 
-STARTED = time.monotonic()  # startup before this (interpreter, harness imports) is a few ms
+STARTED = time.monotonic()  # before this: the interpreter and harness imports, a few ms
 
 
 def _resolve(target: str):
@@ -31,7 +32,7 @@ def _resolve(target: str):
     return obj
 
 
-def run(spec: dict, timings: dict[str, float]) -> dict:
+def run(spec: dict, started: float, timings: dict[str, float]) -> dict:
     """Run the scenario named by `spec`; never raises. Fills `timings` as it goes."""
     try:
         import torch
@@ -41,7 +42,7 @@ def run(spec: dict, timings: dict[str, float]) -> dict:
         fn = _resolve(spec["target"])
         ctx = Context(frozenset(Fix(n) for n in spec["fixes"]), spec["device"], spec["seed"])
         torch.manual_seed(ctx.seed)
-        timings["startup_s"] = time.monotonic() - STARTED
+        timings["startup_s"] = time.monotonic() - started
         detail = fn(ctx)
         if ctx.device == "cuda":
             torch.cuda.synchronize()
@@ -55,14 +56,14 @@ def run(spec: dict, timings: dict[str, float]) -> dict:
         return {"status": "exception", "type": type(e).__name__, "message": str(e)[:4000]}
 
 
-def main(argv: list[str]) -> None:
-    spec, report_path = json.loads(argv[1]), argv[2]
+def execute(spec: dict, report_path: str, started: float) -> None:
+    """Run, write the report atomically, and leave without interpreter teardown."""
     devices.activate(spec["device"])
     faulthandler.enable()
     timings: dict[str, float] = {}
-    report = run(spec, timings)
+    report = run(spec, started, timings)
     if "startup_s" in timings:
-        timings["scenario_s"] = time.monotonic() - STARTED - timings["startup_s"]
+        timings["scenario_s"] = time.monotonic() - started - timings["startup_s"]
     report["timings"] = timings
     with open(report_path + ".tmp", "w") as f:
         json.dump(report, f)
@@ -74,4 +75,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    execute(json.loads(sys.argv[1]), sys.argv[2], STARTED)

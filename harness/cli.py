@@ -12,12 +12,13 @@ import json
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness import device as devices
 from harness.fixes import Fix, UsageError, Variant, describe, select_variant
-from harness.isolate import Job, Result, run_jobs
+from harness.isolate import Isolator, Job, Result
 from harness.outcome import EXIT_CANNOT_TEST, EXIT_USAGE, Outcome, exit_code
 from harness.record import BugRecord
 
@@ -60,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--bug", action="append", default=[], help="only this bug (repeatable)")
     m.add_argument("--device", default="all", help="cpu, cuda, auto or all (default: all)")
     m.add_argument("--each-part", action="store_true", help="also each single-part removal")
+    m.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every cell N times, with seeds 0..N-1 (determinism check)",
+    )
     m.add_argument("--jobs", type=int, help="children at once (default: CPU count)")
     m.add_argument("--json", metavar="FILE", help="write results as JSON")
     m.add_argument("--junit", metavar="FILE", help="write results as JUnit XML")
@@ -131,15 +139,23 @@ def cmd_info(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _jobs(bug: BugRecord, fixes: Variant, device: str, names: Sequence[str], sanitizer: bool):
+def _jobs(
+    bug: BugRecord,
+    fixes: Variant,
+    device: str,
+    names: Sequence[str],
+    sanitizer: bool,
+    seeds: Sequence[int] = (0,),
+) -> list[Job]:
     known = [s.name for s in bug.scenarios]
     for name in names:
         if name not in known:
             raise UsageError(f"{bug.id} has no scenario {name!r}; scenarios: {', '.join(known)}")
     return [
-        Job(bug.id, s.name, s.target, fixes, device, s.timeout_s, sanitizer=sanitizer)
+        Job(bug.id, s.name, s.target, fixes, device, s.timeout_s, seed, sanitizer)
         for s in bug.scenarios
         if not names or s.name in names
+        for seed in seeds
     ]
 
 
@@ -179,12 +195,15 @@ def _prepare_cuda() -> str | None:
 
 
 def _run_bug(args: argparse.Namespace) -> tuple[BugRecord, Variant, str, list[Result] | str]:
-    bug = _registry().get(args.bug)
-    fixes = select_variant(bug.fix_parts, args.variant, args.without, args.fixes)
     device = _resolve_device(args.device)
-    jobs = _jobs(bug, fixes, device, args.scenario, args.sanitizer)
-    why_not = _unavailable(device)
-    return bug, fixes, device, why_not if why_not else run_jobs(jobs)
+    with Isolator() as isolator:
+        if device == "cpu" or devices.visible_gpus():
+            isolator.warm(device)  # its imports overlap ours
+        bug = _registry().get(args.bug)
+        fixes = select_variant(bug.fix_parts, args.variant, args.without, args.fixes)
+        jobs = _jobs(bug, fixes, device, args.scenario, args.sanitizer)
+        why_not = _unavailable(device)
+        return bug, fixes, device, why_not if why_not else isolator.run_all(jobs)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -258,23 +277,27 @@ def _variants(bug: BugRecord, each_part: bool) -> list[Variant]:
 def cmd_matrix(args: argparse.Namespace) -> int:
     registry = _registry()
     bugs = [registry.get(b) for b in args.bug] if args.bug else list(registry.BUGS)
-    plan = []
-    for device in _matrix_devices(args.device):
-        why_not = _unavailable(device)
-        if why_not:
-            print(f"{device}: skipped: {why_not}", file=sys.stderr)
-            continue
-        for bug in bugs:
-            for fixes in _variants(bug, args.each_part):
-                plan += [(bug, j) for j in _jobs(bug, fixes, device, [], False)]
-    if not plan:
-        print("matrix: nothing could run", file=sys.stderr)
-        return EXIT_CANNOT_TEST
-    start, records = time.monotonic(), {j: b for b, j in plan}
-    cells = [
-        _cell(records[r.job], r)
-        for r in run_jobs([j for _, j in plan], args.jobs, _progress(records, len(plan)))
-    ]
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
+    with Isolator() as isolator:
+        plan = []
+        for device in _matrix_devices(args.device):
+            why_not = _unavailable(device)
+            if why_not:
+                print(f"{device}: skipped: {why_not}", file=sys.stderr)
+                continue
+            isolator.warm(device)
+            for bug in bugs:
+                for fixes in _variants(bug, args.each_part):
+                    jobs = _jobs(bug, fixes, device, [], False, range(args.repeat))
+                    plan += [(bug, j) for j in jobs]
+        if not plan:
+            print("matrix: nothing could run", file=sys.stderr)
+            return EXIT_CANNOT_TEST
+        start, records = time.monotonic(), {j: b for b, j in plan}
+        progress = _progress(records, len(plan))
+        results = isolator.run_all([j for _, j in plan], args.jobs, progress)
+    cells = [_cell(records[r.job], r) for r in results]
     _print_summary(cells, time.monotonic() - start)
     if args.json:
         _write_json(args.json, cells)
@@ -309,30 +332,25 @@ def _scenario_time(r: Result) -> str:
 
 
 def _print_summary(cells: list[Cell], seconds: float) -> None:
-    rows = [("bug", "variant", "device", "scenario", "outcome", "expected", "")]
+    """One row per (bug, variant, device, scenario); repeats are counted, not listed."""
+    groups: dict[tuple[str, ...], list[Cell]] = {}
     for c in cells:
         j = c.result.job
-        rows.append(
-            (
-                j.bug,
-                c.variant,
-                j.device,
-                j.scenario,
-                c.result.outcome.value,
-                c.expected.value,
-                "ok" if c.ok else "UNEXPECTED",
-            )
-        )
+        groups.setdefault((j.bug, c.variant, j.device, j.scenario, c.expected.value), []).append(c)
+    rows = [("bug", "variant", "device", "scenario", "expected", "outcomes", "")]
+    for key, group in groups.items():
+        counts = Counter(c.result.outcome.value for c in group)
+        seen = ", ".join(f"{o} x{n}" if len(group) > 1 else o for o, n in counts.items())
+        ok = sum(c.ok for c in group)
+        rows.append((*key, seen, "ok" if ok == len(group) else f"UNEXPECTED {len(group) - ok}"))
     print()
     _print_table(rows)
     ok = sum(c.ok for c in cells)
     print(f"\n{ok}/{len(cells)} runs as expected in {seconds:.1f}s")
-    for c in cells:
-        if not c.ok:
-            print(
-                f"\nUNEXPECTED {c.result.job.bug} {c.variant} {c.result.job.device} "
-                f"{c.result.job.scenario}:\n    " + c.result.evidence.replace("\n", "\n    ")
-            )
+    for c in [c for c in cells if not c.ok][:10]:
+        j = c.result.job
+        print(f"\nUNEXPECTED {j.bug} {c.variant} {j.device} {j.scenario} seed {j.seed}:")
+        print("    " + c.result.evidence.replace("\n", "\n    "))
 
 
 def _result_json(r: Result, bug: BugRecord) -> dict:
@@ -344,6 +362,7 @@ def _result_json(r: Result, bug: BugRecord) -> dict:
         "device": r.job.device,
         "outcome": r.outcome.value,
         "expected": bug.scenario(r.job.scenario).expected(r.job.fixes, r.job.device).value,
+        "seed": r.job.seed,
         "seconds": round(r.seconds, 3),
         "scenario_seconds": None if r.scenario_seconds is None else round(r.scenario_seconds, 3),
         "evidence": r.evidence,

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from harness.fixes import ALL_FIXES
-from harness.isolate import Job, run_job, run_jobs
+from harness.isolate import Isolator, Job
 from harness.outcome import Outcome
+
+
+@pytest.fixture(scope="module", params=["fork", "spawn"])
+def isolator(request):
+    with Isolator(request.param) as iso:
+        yield iso
 
 
 def job(name: str, timeout_s: float = 60.0) -> Job:
@@ -28,22 +34,22 @@ def job(name: str, timeout_s: float = 60.0) -> Job:
         ("no_such_function", Outcome.ERROR, "AttributeError"),
     ],
 )
-def test_child_outcome_is_classified(name: str, outcome: Outcome, evidence: str) -> None:
-    result = run_job(job(name))
+def test_child_outcome_is_classified(isolator, name: str, outcome: Outcome, evidence: str) -> None:
+    result = isolator.run(job(name))
     assert result.outcome == outcome, result.evidence
     assert evidence in result.evidence
 
 
-def test_hanging_child_times_out_and_is_killed() -> None:
-    result = run_job(job("hangs", timeout_s=5.0))
+def test_hanging_child_times_out_and_is_killed(isolator) -> None:
+    result = isolator.run(job("hangs", timeout_s=5.0))
     assert result.outcome == Outcome.TIMEOUT, result.evidence
     assert result.seconds < 30, f"kill took {result.seconds:.1f}s"
 
 
-def test_batch_goes_on_after_crashes_in_order() -> None:
+def test_batch_goes_on_after_crashes_in_order(isolator) -> None:
     names = ["segfaults", "passes", "aborts", "wrong"]
     seen = []
-    results = run_jobs([job(n) for n in names], workers=2, on_result=seen.append)
+    results = isolator.run_all([job(n) for n in names], workers=2, on_result=seen.append)
     assert [r.job.scenario for r in results] == names
     assert [r.outcome for r in results] == [
         Outcome.ILLEGAL_ADDRESS,
@@ -52,3 +58,19 @@ def test_batch_goes_on_after_crashes_in_order() -> None:
         Outcome.WRONG_RESULT,
     ]
     assert sorted(r.job.scenario for r in seen) == sorted(names)
+
+
+def test_dead_fork_server_is_an_error_not_a_hang() -> None:
+    with Isolator("fork") as iso:
+        iso.warm("cpu")
+        server = iso.servers["cpu"]
+        server.proc.kill()
+        server.proc.wait()
+        result = iso.run(job("passes"))
+    assert result.outcome == Outcome.ERROR
+    assert "fork server is down" in result.evidence
+
+
+def test_unknown_isolation_mode() -> None:
+    with pytest.raises(ValueError, match="isolation mode"):
+        Isolator("thread")

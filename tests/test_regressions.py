@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from harness.fixes import ALL_FIXES, describe
-from harness.isolate import Job, run_job
+from harness.isolate import Isolator, Job
 from harness.outcome import Outcome
 from repro.registry import BUGS
 
@@ -37,19 +37,23 @@ def _bugs():
 
 
 @pytest.fixture(scope="session")
-def built(device: str) -> None:
-    """On a GPU, build the csrc extensions once before children need them."""
+def isolator(device: str):
+    """Children forked from one server per worker; on a GPU the csrc build happens first."""
     if device == "cuda":
         from kernels import csrc
 
         for name in csrc.EXTENSIONS:
             csrc.load(name)
+    with Isolator() as iso:
+        yield iso
 
 
 @pytest.mark.parametrize(("bug", "scenario", "fixes"), list(_cases()))
-def test_scenario_shows_expected_outcome(device, built, bug, scenario, fixes) -> None:
+def test_scenario_shows_expected_outcome(device, isolator, bug, scenario, fixes) -> None:
     expected = scenario.expected(fixes, device)
-    result = run_job(Job(bug.id, scenario.name, scenario.target, fixes, device, scenario.timeout_s))
+    result = isolator.run(
+        Job(bug.id, scenario.name, scenario.target, fixes, device, scenario.timeout_s)
+    )
     assert result.outcome == expected, (
         f"{bug.id}/{scenario.name} [{describe(fixes, bug.fix_parts)}, {device}]: "
         f"{result.outcome.value}, expected {expected.value}\n{result.evidence}"
