@@ -2,8 +2,8 @@
 
     python -m harness.forkserver cpu|cuda
 
-The server sets the device switch, imports torch, Triton, every kernel and scenario module (and
-on cuda loads the built csrc extensions) without initializing CUDA, then answers JSON lines:
+The server sets the device switch and imports torch, Triton and every kernel and scenario
+module, without touching CUDA, then answers JSON lines:
   in:  {"id": N, "spec": {...}, "report": PATH, "log": PATH}
   out: {"ready": true} once; {"id": N, "pid": PID} per fork; {"pid": PID, "returncode": RC}
        per reaped child (RC < 0: killed by signal -RC).
@@ -29,11 +29,8 @@ def _preload(device: str) -> None:
 
     from repro import registry  # noqa: F401  (imports every kernel and scenario module)
 
-    if device == "cuda":
-        from kernels import csrc
-
-        for name in csrc.EXTENSIONS:
-            csrc.load(name)
+    # NOTE: nothing here may ask torch about devices: torch.cuda.is_available() (which importing
+    # torch.utils.cpp_extension calls) poisons every later fork for CUDA. Children load csrc.
 
 
 def _fork(request: dict) -> int:
