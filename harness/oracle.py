@@ -19,16 +19,17 @@ from harness.outcome import WrongResult
 @contextlib.contextmanager
 def poisoned_allocations() -> Iterator[None]:
     """Inside: torch.empty (Python and C++) returns poison, not allocator leftovers."""
-    previous = torch.are_deterministic_algorithms_enabled()
-    previous_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    # NOTE: set_deterministic_debug_mode, not use_deterministic_algorithms: the latter imports
+    # torch._inductor (seconds per child) and the fill only needs the flag.
+    previous_mode = torch.get_deterministic_debug_mode()
     previous_fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.set_deterministic_debug_mode("warn")
     torch.utils.deterministic.fill_uninitialized_memory = True
     try:
         yield
     finally:
         torch.utils.deterministic.fill_uninitialized_memory = previous_fill
-        torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
+        torch.set_deterministic_debug_mode(previous_mode)
 
 
 def mismatch(what: str, actual: torch.Tensor, expected: torch.Tensor, show: int = 4) -> str | None:
