@@ -1,12 +1,15 @@
 """Lazy build of the CUDA C++ extensions in csrc/ with torch.utils.cpp_extension.
 
 Each extension is compiled once into a cache directory ($REPRO_CACHE_DIR, default
-~/.cache/repro) keyed by torch and CUDA versions; torch's own source hashing rebuilds on change.
+~/.cache/repro) keyed by torch and CUDA versions. A build newer than every file in csrc/ and than
+this file is imported directly: importing torch.utils.cpp_extension costs a scenario child
+about a second and queries CUDA, which a fork server must never do.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -39,10 +42,30 @@ def _arch_list() -> str | None:
     return ";".join(sorted(set(caps))) or None
 
 
+def _fresh_build(name: str) -> Path | None:
+    """The built library of `name` if it is newer than its inputs."""
+    built = cache_dir() / name / f"repro_{name}.so"
+    inputs = [*CSRC.iterdir(), Path(__file__)]
+    if built.exists() and built.stat().st_mtime > max(p.stat().st_mtime for p in inputs):
+        return built
+    return None
+
+
+def _import_library(path: Path, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @functools.cache
 def load(name: str, verbose: bool = False) -> ModuleType:
     """Build (first time) and import extension `name`."""
     import torch
+
+    built = _fresh_build(name)
+    if built is not None:
+        return _import_library(built, f"repro_{name}")
     from torch.utils import cpp_extension
 
     if torch.version.cuda is None or cpp_extension.CUDA_HOME is None:
@@ -55,7 +78,7 @@ def load(name: str, verbose: bool = False) -> ModuleType:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
+    module = cpp_extension.load(
         name=f"repro_{name}",
         sources=[str(CSRC / s) for s in EXTENSIONS[name]],
         extra_include_paths=[str(CSRC)],
@@ -64,3 +87,5 @@ def load(name: str, verbose: bool = False) -> ModuleType:
         build_directory=str(build),
         verbose=verbose,
     )
+    os.utime(module.__file__)  # fresh now, even where ninja found nothing to rebuild
+    return module
