@@ -95,6 +95,18 @@ def _tail(text: str, lines: int = 6) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def _fault_report(text: str) -> str:
+    """Python's faulthandler verdict, the faulting frame and the innermost frames outside
+    installed packages (the kernel or scenario line); else the output's tail."""
+    at = text.find("Fatal Python error")
+    if at < 0:
+        return _tail(text)
+    block = text[at:].splitlines()
+    frames = [line.strip() for line in block if line.strip().startswith("File ")]
+    ours = [f for f in frames if "site-packages" not in f and "<frozen" not in f]
+    return "\n".join([block[0], *frames[:1], *ours[:3]])
+
+
 def _from_report(report: dict) -> Classified:
     status = report.get("status")
     if status == "pass":
@@ -113,9 +125,9 @@ def _from_exit(code: int, stderr: str) -> Classified:
         if sig in _HOST_FAULTS:
             return Classified(
                 Outcome.ILLEGAL_ADDRESS,
-                f"killed by {sig.name} (host memory fault)\n{_tail(stderr)}",
+                f"killed by {sig.name} (host memory fault)\n{_fault_report(stderr)}",
             )
-        return Classified(Outcome.CRASH, f"killed by {sig.name}\n{_tail(stderr)}")
+        return Classified(Outcome.CRASH, f"killed by {sig.name}\n{_fault_report(stderr)}")
     gpu = _gpu_error(stderr)
     if gpu is not None:
         return Classified(gpu, f"exit {code} without report\n{_tail(stderr)}")
