@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -196,13 +197,17 @@ def _prepare_cuda() -> str | None:
 
 def _run_bug(args: argparse.Namespace) -> tuple[BugRecord, Variant, str, list[Result] | str]:
     device = _resolve_device(args.device)
+    if args.sanitizer and device != "cuda":
+        raise UsageError("--sanitizer checks GPU memory accesses: it needs --device cuda")
     with Isolator() as isolator:
-        if device == "cpu" or devices.visible_gpus():
+        if not args.sanitizer and (device == "cpu" or devices.visible_gpus()):
             isolator.warm(device)  # its imports overlap ours
         bug = _registry().get(args.bug)
         fixes = select_variant(bug.fix_parts, args.variant, args.without, args.fixes)
         jobs = _jobs(bug, fixes, device, args.scenario, args.sanitizer)
         why_not = _unavailable(device)
+        if args.sanitizer and not shutil.which("compute-sanitizer"):
+            why_not = why_not or "compute-sanitizer is not on PATH"
         return bug, fixes, device, why_not if why_not else isolator.run_all(jobs)
 
 

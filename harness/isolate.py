@@ -29,7 +29,8 @@ from harness.outcome import ChildExit, Outcome, classify
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("fork", "spawn")
-SERVER_START_S = 300.0  # preload time allowed to a fork server (imports, extension load)
+SERVER_START_S = 300.0  # preload time allowed to a fork server (imports)
+SANITIZER_SLOWDOWN = 10.0  # compute-sanitizer instruments every kernel: scale time limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +228,10 @@ class Isolator:
 
 def _spawn(job: Job, report: Path, log: Path) -> tuple[int | None, bool]:
     cmd = [sys.executable, "-m", "harness.child", json.dumps(job.spec()), str(report)]
+    timeout = job.timeout_s
     if job.sanitizer:
         cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", *cmd]
+        timeout *= SANITIZER_SLOWDOWN
     with log.open("wb") as out:
         proc = subprocess.Popen(
             cmd,
@@ -239,7 +242,7 @@ def _spawn(job: Job, report: Path, log: Path) -> tuple[int | None, bool]:
             start_new_session=True,
         )
         try:
-            return proc.wait(timeout=job.timeout_s), False
+            return proc.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
             _kill_group(proc.pid)
             proc.wait()

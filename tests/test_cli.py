@@ -56,6 +56,7 @@ def test_info_shows_the_record(capsys) -> None:
         (["check", "moe_align_grid", "--device", "tpu"], "device must be one of"),
         (["check", "moe_align_grid", "--variant", "broken"], "invalid choice"),
         (["frobnicate"], "invalid choice"),
+        (["run", "moe_align_grid", "--device", "cpu", "--sanitizer"], "needs --device cuda"),
         ([], "required"),
     ],
 )
@@ -140,3 +141,25 @@ def test_module_entry_point() -> None:
         [sys.executable, "-m", "harness.cli", "list"], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0 and "moe_align_grid" in done.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("variant", "code", "outcome"), [("buggy", 1, "sanitizer_error"), ("fixed", 0, "pass")]
+)
+def test_sanitizer_run(capsys, variant, code, outcome) -> None:
+    got, out, _ = repro(
+        capsys,
+        "run",
+        "moe_align_grid",
+        "--device",
+        "cuda",
+        "--sanitizer",
+        "--variant",
+        variant,
+        "--scenario",
+        "consumer_poisoned",
+        "--json",
+    )
+    [row] = json.loads(out)
+    assert (got, row["outcome"]) == (code, outcome), row["evidence"]
