@@ -8,6 +8,8 @@ import torch
 from kernels.fused_moe_lora import fused_moe_lora_shrink, fused_moe_lora_shrink_reference
 from kernels.moe_lora_align import align_sizes, moe_lora_align_reference
 
+pytestmark = pytest.mark.moe_align_grid  # the kernels vLLM #40131 lives in
+
 
 @pytest.mark.parametrize(
     ("num_tokens", "top_k", "num_experts", "rank", "hidden", "disabled"),

@@ -14,6 +14,9 @@ from kernels.moe_lora_align import (
     processed_lora_ids,
 )
 
+pytestmark = pytest.mark.moe_align_grid  # the kernels vLLM #40131 lives in
+
+
 # (num_tokens, top_k, num_experts, block_size, max_loras, lora_ids, disabled ids)
 CASES = [
     pytest.param((7, 2, 8, 16, 2, [-1, 0, 1], []), id="small-mixed"),
