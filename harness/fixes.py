@@ -16,6 +16,10 @@ class Fix(enum.Enum):
     MOE_ALIGN_GRID_PLUS_ONE = "moe_align_grid_plus_one"
     MOE_ALIGN_OOB_GUARD = "moe_align_oob_guard"
     MOE_ALIGN_SORT_ADAPTER_CHECK = "moe_align_sort_adapter_check"
+    # vLLM #43139 (lora_dummy_run)
+    LORA_DUMMY_MAPPING = "lora_dummy_mapping"
+    # vLLM #43314 (lora_graph_capture)
+    LORA_CAPTURE_LAUNCH = "lora_capture_launch"
 
 
 Variant = frozenset[Fix]

@@ -73,8 +73,13 @@ class Classified:
 
 # Patterns over exception messages and stderr, first match wins.
 # NOTE: every torch CUDA error ends "Compile with TORCH_USE_CUDA_DSA to enable device-side
-# assertions", so match the assert itself, not the phrase.
-_DEVICE_ASSERT = re.compile(r"device-side assert triggered|Assertion `.*` failed|CUDA_ERROR_ASSERT")
+# assertions", so match the assert itself, not the phrase. Where a CUDA kernel of torch asserts
+# on a bad index (embedding, index_select), its CPU kernel raises "index out of range in self":
+# the CPU analogue of the same device-side assert.
+_DEVICE_ASSERT = re.compile(
+    r"device-side assert triggered|Assertion `.*` failed|CUDA_ERROR_ASSERT|"
+    r"IndexError: index out of range in self"
+)
 _ILLEGAL_ADDRESS = re.compile(
     r"illegal memory access|CUDA_ERROR_ILLEGAL_ADDRESS|misaligned address|"
     r"unspecified launch failure|CUDA_ERROR_LAUNCH_FAILED"

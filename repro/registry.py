@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from harness.fixes import UsageError
 from harness.record import BugRecord
-from repro import moe_align_grid
+from repro import lora_dummy_run, lora_graph_capture, moe_align_grid
 
-BUGS: tuple[BugRecord, ...] = (moe_align_grid.RECORD,)
+BUGS: tuple[BugRecord, ...] = (
+    moe_align_grid.RECORD,
+    lora_dummy_run.RECORD,
+    lora_graph_capture.RECORD,
+)
 
 
 def get(bug_id: str) -> BugRecord:

@@ -63,6 +63,24 @@ def exited(code: int | None, report: dict | None = None, stderr: str = "", **kw)
             exited(0, {"status": "exception", "type": "ValueError", "message": "bad shape"}),
             Outcome.ERROR,
         ),
+        (
+            exited(
+                0,
+                {
+                    "status": "exception",
+                    "type": "IndexError",
+                    "message": "index out of range in self",
+                },
+            ),
+            Outcome.DEVICE_ASSERT,
+        ),
+        (
+            exited(
+                0,
+                {"status": "exception", "type": "IndexError", "message": "list index out of range"},
+            ),
+            Outcome.ERROR,
+        ),
         (exited(-signal.SIGSEGV), Outcome.ILLEGAL_ADDRESS),
         (exited(-signal.SIGBUS), Outcome.ILLEGAL_ADDRESS),
         (exited(-signal.SIGABRT), Outcome.CRASH),

@@ -1,5 +1,6 @@
 """Per-bug regression tests: every scenario, on the run's device, shows exactly its expected
-outcome for the fixed variant (pass), the buggy variant, and each single-part removal.
+outcome for the fixed variant (pass), the buggy variant, each single-part removal, and the
+variants its own expectation rules name (one rule's parts off; all of them off: the chains).
 
 Each case carries its bug's marker: `pytest -m moe_align_grid` selects exactly that bug.
 """
@@ -14,18 +15,20 @@ from harness.outcome import Outcome
 from repro.registry import BUGS
 
 
-def _variants(bug):
+def _variants(bug, scenario) -> list:
     variants = [ALL_FIXES, bug.buggy_variant]
     if len(bug.fix_parts) > 1:
         variants += [ALL_FIXES - {part} for part in bug.fix_parts]
-    return variants
+    variants += [ALL_FIXES - rule.missing for rule in scenario.expects]
+    variants.append(ALL_FIXES.difference(*(rule.missing for rule in scenario.expects)))
+    return list(dict.fromkeys(variants))
 
 
 def _cases():
     for bug in BUGS:
         mark = getattr(pytest.mark, bug.id)
         for scenario in bug.scenarios:
-            for fixes in _variants(bug):
+            for fixes in _variants(bug, scenario):
                 name = describe(fixes, bug.fix_parts).replace(" ", "-")
                 yield pytest.param(
                     bug, scenario, fixes, marks=mark, id=f"{bug.id}-{scenario.name}-{name}"

@@ -1,0 +1,177 @@
+"""LoRA plumbing with upstream semantics: mapping, conversion, kernel metadata, punica wrapper,
+adapter manager.
+
+NOTE: the punica wrapper's index buffers are allocated uninitialized and poisoned on purpose
+(torch's fill for new tensors): until a mapping is set they hold garbage, as upstream's do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.oracle import poisoned_allocations
+from kernels.lora_ops import KernelMeta, Launch, lora_expand, lora_shrink
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAMapping:
+    index_mapping: tuple[int, ...]  # LoRA id per token (0 = no LoRA)
+    prompt_mapping: tuple[int, ...]  # LoRA id per request
+    is_prefill: bool = False
+
+
+def convert_mapping(
+    mapping: LoRAMapping, lora_index_to_id: list[int | None], vocab_size: int
+) -> tuple[list[int], list[int], list[int]]:
+    """(slot per token, embedding offset per token, slot per request); slot -1 = no LoRA.
+
+    Id 0 becomes slot -1 and offset 0 without being looked up; any other id must be active.
+    """
+
+    def slot(lora_id: int) -> int:
+        if lora_id == 0:
+            return -1
+        if lora_id not in lora_index_to_id:
+            raise ValueError(f"LoRA id {lora_id} is not active (slots: {lora_index_to_id})")
+        return lora_index_to_id.index(lora_id)
+
+    token_slots = [slot(i) for i in mapping.index_mapping]
+    offsets = [max(s, 0) * vocab_size for s in token_slots]
+    return token_slots, offsets, [slot(i) for i in mapping.prompt_mapping]
+
+
+def _i32(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+class LoRAKernelMeta:
+    """Device metadata the shrink/expand kernels read, refreshed in place by prepare_tensors."""
+
+    def __init__(self, max_num_tokens: int, max_loras: int, device: str) -> None:
+        i32 = dict(dtype=torch.int32, device=device)
+        with poisoned_allocations():
+            self.token_lora_mapping = torch.empty(max_num_tokens, **i32)
+            self.token_indices_sorted_by_lora_ids = torch.empty(max_num_tokens, **i32)
+            self.active_lora_ids = torch.empty(max_loras + 1, **i32)
+            self.num_tokens_per_lora = torch.empty(max_loras + 1, **i32)
+            self.lora_token_start_loc = torch.empty(max_loras + 2, **i32)
+        self.no_lora_flag_cpu = torch.zeros(1, dtype=torch.bool)
+        self.num_active_loras_cpu = torch.zeros(1, dtype=torch.int32)
+
+    def prepare_tensors(self, slots: list[int]) -> None:
+        """Reset; if every token is slot -1, set the flag and stop; else sort/unique/cumsum.
+
+        Computed on the host from the slot list, then copied in place (same addresses).
+        """
+        self.active_lora_ids.fill_(-1)
+        self.num_tokens_per_lora.zero_()
+        self.lora_token_start_loc.zero_()
+        n = len(slots)
+        self.token_lora_mapping[:n].copy_(_i32(slots))
+        if all(s == -1 for s in slots):
+            self.no_lora_flag_cpu[0] = True
+            self.num_active_loras_cpu[0] = 0
+            return
+        self.no_lora_flag_cpu[0] = False
+        ids = sorted(set(slots))
+        counts = [slots.count(i) for i in ids]
+        order = sorted(range(n), key=lambda t: slots[t])  # stable: token order within a LoRA
+        self.token_indices_sorted_by_lora_ids[:n].copy_(_i32(order))
+        self.active_lora_ids[: len(ids)].copy_(_i32(ids))
+        self.num_tokens_per_lora[: len(ids)].copy_(_i32(counts))
+        self.lora_token_start_loc[1 : len(ids) + 1].copy_(torch.cumsum(_i32(counts), 0))
+        self.num_active_loras_cpu[0] = len(ids)
+
+    def kernel_meta(self) -> KernelMeta:
+        return KernelMeta(
+            self.token_lora_mapping,
+            self.token_indices_sorted_by_lora_ids,
+            self.active_lora_ids,
+            self.num_tokens_per_lora,
+            self.lora_token_start_loc,
+            self.no_lora_flag_cpu,
+            self.num_active_loras_cpu,
+        )
+
+
+class PunicaWrapper:
+    """Per-token LoRA indices and the kernel metas; the entry points the LoRA layers call."""
+
+    def __init__(self, max_num_tokens: int, max_num_reqs: int, max_loras: int, device: str):
+        with poisoned_allocations():
+            # [0]: added-vocab offsets (unused here), [1]: offsets into the stacked LoRA embedding
+            self._embeddings_indices = torch.empty(
+                2, max_num_tokens, dtype=torch.long, device=device
+            )
+        self.token_mapping_meta = LoRAKernelMeta(max_num_tokens, max_loras, device)
+        self.prompt_mapping_meta = LoRAKernelMeta(max_num_reqs, max_loras, device)
+
+    @property
+    def embeddings_indices(self) -> torch.Tensor:  # [2, max_num_tokens]
+        return self._embeddings_indices
+
+    def update_metadata(
+        self, mapping: LoRAMapping, lora_index_to_id: list[int | None], vocab_size: int
+    ) -> None:
+        slots, offsets, prompt_slots = convert_mapping(mapping, lora_index_to_id, vocab_size)
+        n = len(offsets)
+        self._embeddings_indices[0, :n].zero_()
+        self._embeddings_indices[1, :n].copy_(torch.tensor(offsets, dtype=torch.long))
+        self.token_mapping_meta.prepare_tensors(slots)
+        self.prompt_mapping_meta.prepare_tensors(prompt_slots)
+
+    def add_lora_linear(self, y, x, lora_a, lora_b, scale, buffer, launch: Launch) -> None:
+        """y += scale * (x @ A.T) @ B.T per token; `buffer` [>= num_tokens, rank] float32."""
+        meta = self.token_mapping_meta.kernel_meta()
+        lora_shrink(x, lora_a, buffer, meta, scale, launch)
+        lora_expand(buffer, lora_b, y, meta, launch)
+
+    def add_lora_embedding(self, y, x, lora_b, launch: Launch) -> None:
+        """y += x @ B.T per token, x being the gathered LoRA-A embedding rows."""
+        lora_expand(x, lora_b, y, self.token_mapping_meta.kernel_meta(), launch)
+
+
+class LoRAModelManager:
+    """Adapter slots and per-layer wrappers; upstream's `_adapter_manager`."""
+
+    def __init__(
+        self, max_loras: int, vocab_size: int, punica_wrapper_mapping: dict[str, PunicaWrapper]
+    ) -> None:
+        self.lora_index_to_id: list[int | None] = [None] * max_loras
+        self.vocab_size = vocab_size
+        self.punica_wrapper_mapping = punica_wrapper_mapping  # prefix -> wrapper, may share
+        self._last_mapping: LoRAMapping | None = None
+
+    def activate_adapter(self, lora_id: int) -> int:
+        """The slot of `lora_id`, taking a free one if it is not active yet."""
+        if lora_id in self.lora_index_to_id:
+            return self.lora_index_to_id.index(lora_id)
+        if None not in self.lora_index_to_id:
+            raise ValueError(f"no free LoRA slot for id {lora_id}: {self.lora_index_to_id}")
+        slot = self.lora_index_to_id.index(None)
+        self.lora_index_to_id[slot] = lora_id
+        return slot
+
+    def distinct_wrappers(self) -> list[PunicaWrapper]:
+        """Each wrapper once, however many prefixes share it."""
+        seen: dict[int, PunicaWrapper] = {}
+        for wrapper in self.punica_wrapper_mapping.values():
+            seen.setdefault(id(wrapper), wrapper)
+        return list(seen.values())
+
+    def set_adapter_mapping(self, mapping: LoRAMapping) -> None:
+        """Refresh every wrapper's metadata in place, unless the mapping did not change."""
+        if mapping == self._last_mapping:
+            return
+        for wrapper in self.distinct_wrappers():
+            wrapper.update_metadata(mapping, self.lora_index_to_id, self.vocab_size)
+        self._last_mapping = mapping
+
+
+class LoRAManager:
+    """The runner's handle (upstream: `runner.lora_manager._adapter_manager`)."""
+
+    def __init__(self, adapter_manager: LoRAModelManager) -> None:
+        self._adapter_manager = adapter_manager

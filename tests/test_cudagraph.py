@@ -1,0 +1,94 @@
+"""CUDA-graph semantics, pinned identically on the GPU (real graphs) and the CPU (emulation)."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.runner.cudagraph import (
+    BatchExecutionDescriptor,
+    CudaGraphManager,
+    CUDAGraphMode,
+    Launcher,
+    capturing,
+)
+
+
+def test_host_branch_taken_at_capture_is_frozen(device) -> None:
+    launch, flag = Launcher(), torch.tensor([True])
+    out = torch.zeros(4, device=device)
+    with capturing(launch, device, None) as graph:
+        launch(out.fill_, 1.0 if flag[0] else 2.0)
+    flag[0] = False
+    out.zero_()
+    graph.replay()
+    assert out.tolist() == [1.0] * 4
+
+
+def test_in_place_updates_are_seen_at_replay(device) -> None:
+    launch = Launcher()
+    inp, out = torch.zeros(3, device=device), torch.zeros(3, device=device)
+    with capturing(launch, device, None) as graph:
+        launch(torch.add, inp, 1.0, out=out)
+    for value in (5.0, -2.0):
+        inp.fill_(value)
+        graph.replay()
+        assert out.tolist() == [value + 1.0] * 3
+
+
+def test_work_skipped_by_a_host_check_is_absent_from_every_replay(device) -> None:
+    launch, skip = Launcher(), torch.tensor([True])
+    out = torch.full((2,), -7.0, device=device)
+
+    def forward() -> None:
+        launch(out.add_, 1.0)
+        if not skip[0]:
+            launch(out.mul_, 10.0)
+
+    with capturing(launch, device, None) as graph:
+        forward()
+    skip[0] = False
+    for _ in range(2):
+        graph.replay()
+    assert out.tolist() == [-5.0, -5.0]
+    assert graph.launches == ["add_"]
+
+
+def test_capture_records_instead_of_running_and_keeps_allocations(device) -> None:
+    launch = Launcher()
+    inp = torch.full((4,), 3.0, device=device)
+    with capturing(launch, device, None) as graph:
+        tmp = torch.empty(4, device=device)  # allocated during capture
+        launch(torch.mul, inp, 2.0, out=tmp)
+    ptr = tmp.data_ptr()
+    inp.fill_(4.0)
+    graph.replay()
+    assert tmp.data_ptr() == ptr and tmp.tolist() == [8.0] * 4
+
+
+def test_manager_warms_up_captures_and_dispatches(device) -> None:
+    launch = Launcher()
+    manager = CudaGraphManager(device, launch)
+    inp = torch.zeros(16, device=device)
+    calls = []
+
+    def create_forward_fn(desc: BatchExecutionDescriptor):
+        def forward(mode: CUDAGraphMode) -> torch.Tensor:
+            calls.append((desc.num_tokens, mode))
+            out = torch.empty(desc.num_tokens, device=device)
+            launch(torch.add, inp[: desc.num_tokens], 1.0, out=out)
+            return out
+
+        return forward, None
+
+    descs = [BatchExecutionDescriptor(CUDAGraphMode.FULL, n, n) for n in (4, 8)]
+    manager.capture(descs, create_forward_fn)
+    assert calls == [
+        (8, CUDAGraphMode.NONE),
+        (8, CUDAGraphMode.FULL),
+        (4, CUDAGraphMode.NONE),
+        (4, CUDAGraphMode.FULL),
+    ]
+    assert manager.dispatch(3).num_tokens == 4 and manager.dispatch(5).num_tokens == 8
+    assert manager.dispatch(9) is None
+    inp.copy_(torch.arange(16.0))
+    assert manager.run_fullgraph(manager.dispatch(6)).tolist() == [float(i + 1) for i in range(8)]

@@ -1,0 +1,78 @@
+"""LoRA shrink/expand kernels against the float64 references, and the host early exit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.lora_ops import (
+    KernelMeta,
+    lora_expand,
+    lora_expand_reference,
+    lora_shrink,
+    lora_shrink_reference,
+)
+
+
+def make_meta(slots: list[int], max_loras: int, device: str) -> KernelMeta:
+    """Kernel metadata for per-token LoRA slots, built the plain way (no runner)."""
+    mapping = torch.tensor(slots, dtype=torch.int32)
+    order = torch.sort(mapping, stable=True).indices.int()
+    ids, counts = torch.unique(mapping, sorted=True, return_counts=True)
+    active = torch.full((max_loras + 1,), -1, dtype=torch.int32)
+    per_lora = torch.zeros(max_loras + 1, dtype=torch.int32)
+    start = torch.zeros(max_loras + 2, dtype=torch.int32)
+    active[: ids.numel()], per_lora[: ids.numel()] = ids, counts
+    start[1 : ids.numel() + 1] = counts.cumsum(0)
+    return KernelMeta(
+        mapping.to(device),
+        order.to(device),
+        active.to(device),
+        per_lora.to(device),
+        start.to(device),
+        torch.tensor([bool((mapping == -1).all())]),
+        torch.tensor([ids.numel()], dtype=torch.int32),
+    )
+
+
+@pytest.mark.parametrize(
+    ("slots", "hidden", "rank", "out_dim"),
+    [
+        ([0, -1, 1, 1, 0, -1, 1], 64, 16, 48),
+        ([1] * 37, 40, 16, 17),
+        ([-1, 0] * 20 + [2], 33, 32, 64),
+    ],
+)
+def test_shrink_then_expand_match_reference(device, slots, hidden, rank, out_dim) -> None:
+    max_loras, scale = 3, 0.5
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(-2, 3, (len(slots), hidden), generator=gen).float()
+    lora_a = torch.randint(-2, 3, (max_loras, rank, hidden), generator=gen).float()
+    lora_b = torch.randint(-2, 3, (max_loras, out_dim, rank), generator=gen).float()
+    y = torch.randint(-2, 3, (len(slots), out_dim), generator=gen).float()
+    meta = make_meta(slots, max_loras, device)
+    buffer = torch.full((len(slots), rank), -7.0, device=device)
+    lora_shrink(x.to(device), lora_a.to(device), buffer, meta, scale)
+    shrunk = lora_shrink_reference(x, lora_a, slots, scale)
+    lora_rows = torch.tensor([s != -1 for s in slots])
+    assert torch.equal(buffer.cpu().double()[lora_rows], shrunk[lora_rows])
+    assert (buffer.cpu()[~lora_rows] == -7.0).all(), "shrink wrote rows of base tokens"
+    y_dev = y.clone().to(device)  # the reference needs y as it was
+    lora_expand(buffer, lora_b.to(device), y_dev, meta)
+    expected = lora_expand_reference(y, buffer.cpu(), lora_b, slots)
+    assert torch.equal(y_dev.cpu().double(), expected)
+
+
+def test_no_lora_flag_returns_before_launching(device) -> None:
+    meta = make_meta([-1, -1, -1], 2, device)
+    launched = []
+    x, buffer = torch.ones(3, 32, device=device), torch.zeros(3, 16, device=device)
+    lora_shrink(
+        x,
+        torch.ones(2, 16, 32, device=device),
+        buffer,
+        meta,
+        1.0,
+        launch=lambda fn, *a, **k: launched.append(fn),
+    )
+    assert launched == [] and bool(meta.no_lora_flag_cpu[0])
