@@ -53,7 +53,22 @@ def run(spec: dict, started: float, timings: dict[str, float]) -> dict:
         return {"status": "skipped", "detail": str(e)}
     except BaseException as e:  # the parent classifies CUDA errors from the message
         traceback.print_exc()
-        return {"status": "exception", "type": type(e).__name__, "message": str(e)[:4000]}
+        message = str(e)[:4000] + _sticky_cuda_error(spec["device"])
+        return {"status": "exception", "type": type(e).__name__, "message": message}
+
+
+def _sticky_cuda_error(device: str) -> str:
+    """The context's first error, when a later call failed for it (e.g. a device-side assert,
+    then cublasCreate reporting CUBLAS_STATUS_INTERNAL_ERROR)."""
+    if device != "cuda":
+        return ""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:
+        return f"\nsticky CUDA error at synchronize: {e}"
+    return ""
 
 
 def execute(spec: dict, report_path: str, started: float) -> None:

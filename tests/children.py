@@ -50,3 +50,15 @@ def exits_without_report(ctx: Context) -> str:
 
 def skips(ctx: Context) -> str:
     raise Skip("needs a compiler")
+
+
+def cuda_assert_then_cublas(ctx: Context) -> str:
+    """A real device-side assert (embedding bounds), then a first cuBLAS call that fails for it."""
+    import torch
+    import torch.nn.functional as F
+
+    table = torch.zeros(4, 4, device="cuda")
+    F.embedding(torch.tensor([100], device="cuda"), table)
+    torch.mm(table, table)
+    torch.cuda.synchronize()
+    return "unreachable"

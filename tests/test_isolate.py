@@ -74,3 +74,12 @@ def test_dead_fork_server_is_an_error_not_a_hang() -> None:
 def test_unknown_isolation_mode() -> None:
     with pytest.raises(ValueError, match="isolation mode"):
         Isolator("thread")
+
+
+@pytest.mark.gpu
+def test_real_device_assert_is_classified_through_later_errors(isolator) -> None:
+    cuda_job = Job(
+        "test", "assert", "tests.children:cuda_assert_then_cublas", ALL_FIXES, "cuda", 60
+    )
+    result = isolator.run(cuda_job)
+    assert result.outcome == Outcome.DEVICE_ASSERT, result.evidence
