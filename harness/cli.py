@@ -109,6 +109,11 @@ def cmd_list(args: argparse.Namespace) -> int:
             )
         )
     _print_table(rows)
+    histories = [bug for bug in _registry().BUGS if bug.history]
+    if histories:
+        print("\nhistory:")
+    for bug in histories:
+        print(f"  {bug.id}: {bug.history}")
     return 0
 
 

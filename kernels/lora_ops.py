@@ -155,6 +155,39 @@ def _lora_rows(
 
 
 @triton.jit
+def _rows_times_lora(
+    in_ptr,
+    w_ptr,
+    rows,
+    valid,
+    lora_id,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """(in[rows] @ W[lora_id].T) for this program's [BLOCK_M, BLOCK_N] tile; W is [N, K]."""
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w = w_ptr + lora_id.to(tl.int64) * N * K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(
+            in_ptr + rows[:, None] * K + ks[None, :],
+            mask=valid[:, None] & (ks[None, :] < K),
+            other=0.0,
+        )
+        b = tl.load(
+            w + cols[None, :] * K + ks[:, None],
+            mask=(cols[None, :] < N) & (ks[:, None] < K),
+            other=0.0,
+        )
+        acc += tl.dot(a, b, input_precision="ieee")
+    return acc, cols
+
+
+@triton.jit
 def _lora_shrink_kernel(
     x_ptr,
     w_ptr,
@@ -175,27 +208,11 @@ def _lora_shrink_kernel(
     )
     if lora_id == -1:
         return
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w = w_ptr + lora_id.to(tl.int64) * RANK * HIDDEN
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, HIDDEN, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(
-            x_ptr + rows[:, None] * HIDDEN + ks[None, :],
-            mask=valid[:, None] & (ks[None, :] < HIDDEN),
-            other=0.0,
-        )
-        b = tl.load(
-            w + cols[None, :] * HIDDEN + ks[:, None],
-            mask=(cols[None, :] < RANK) & (ks[:, None] < HIDDEN),
-            other=0.0,
-        )
-        acc += tl.dot(a, b, input_precision="ieee")
-    tl.store(
-        out_ptr + rows[:, None] * RANK + cols[None, :],
-        acc * scale,
-        mask=valid[:, None] & (cols[None, :] < RANK),
+    acc, cols = _rows_times_lora(
+        x_ptr, w_ptr, rows, valid, lora_id, RANK, HIDDEN, BLOCK_M, BLOCK_N, BLOCK_K
     )
+    mask = valid[:, None] & (cols[None, :] < RANK)
+    tl.store(out_ptr + rows[:, None] * RANK + cols[None, :], acc * scale, mask=mask)
 
 
 @triton.jit
@@ -218,22 +235,9 @@ def _lora_expand_kernel(
     )
     if lora_id == -1:
         return
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w = w_ptr + lora_id.to(tl.int64) * OUT_DIM * RANK
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, RANK, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(
-            buf_ptr + rows[:, None] * RANK + ks[None, :],
-            mask=valid[:, None] & (ks[None, :] < RANK),
-            other=0.0,
-        )
-        b = tl.load(
-            w + cols[None, :] * RANK + ks[:, None],
-            mask=(cols[None, :] < OUT_DIM) & (ks[:, None] < RANK),
-            other=0.0,
-        )
-        acc += tl.dot(a, b, input_precision="ieee")
+    acc, cols = _rows_times_lora(
+        buf_ptr, w_ptr, rows, valid, lora_id, OUT_DIM, RANK, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     out = y_ptr + rows[:, None] * OUT_DIM + cols[None, :]
     mask = valid[:, None] & (cols[None, :] < OUT_DIM)
     tl.store(out, tl.load(out, mask=mask, other=0.0) + acc, mask=mask)

@@ -29,6 +29,12 @@ def test_list_shows_every_bug(capsys) -> None:
         assert bug.upstream.rsplit("/", 1)[-1] in line and bug.buggy_outcome.cuda.value in line
 
 
+def test_list_tells_the_lora_chain(capsys) -> None:
+    _, out, _ = repro(capsys, "list")
+    history = out.split("history:")[1]
+    assert "lora_graph_capture: A regression caused by the fix of lora_dummy_run" in history
+
+
 def test_info_shows_the_record(capsys) -> None:
     code, out, _ = repro(capsys, "info", "moe_align_grid")
     assert code == 0
