@@ -1,13 +1,15 @@
 """Punica-style LoRA shrink and expand: references, host wrappers, Triton kernels.
 
-shrink: buffer[t] = scale * x[t] @ lora_a[lora(t)].T     (hidden -> rank)
-expand: y[t]     += buffer[t] @ lora_b[lora(t)].T         (rank -> out)
+Per slice s of a layer (one for a plain projection, more for a fused one such as gate|up):
+shrink: buffer[s, t] = scale * x[t] @ lora_a[s, lora(t)].T          (hidden -> rank)
+expand: y[t, cols of s] += buffer[s, t] @ lora_b[s, lora(t)].T      (rank -> slice width)
 Tokens are visited per LoRA through the kernel metadata of upstream's LoRAKernelMeta:
 token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, active_lora_ids.
-The grid has one program column per active-LoRA slot (max_loras + 1, capture-safe); a program
-exits on lora_id == -1 or past its token count. The host wrappers return before launching when
-no_lora_flag_cpu is set (or no LoRA is active): a host decision, so CUDA-graph capture freezes
-it. Every launch goes through `launch(fn, *args)` so a graph emulation can record it.
+The grid is tiles x slices x LoRA programs, one per active-LoRA slot (max_loras + 1, so a
+captured grid fits any batch); a program exits on lora_id == -1 or past its token count.
+The host wrappers return before launching when no_lora_flag_cpu is set (or no LoRA is
+active): a host decision, so CUDA-graph capture freezes it. Every launch goes through
+`launch(fn, *args)` so a graph emulation can record it.
 """
 
 from __future__ import annotations
@@ -52,20 +54,25 @@ class KernelMeta:
 
 
 def lora_shrink_reference(x, lora_a, slots, scale) -> torch.Tensor:
-    """[num_tokens, rank] in float64; rows of tokens without a LoRA are zero."""
-    out = torch.zeros(x.shape[0], lora_a.shape[1], dtype=torch.float64)
-    for t, slot in enumerate(slots):
-        if slot != -1:
-            out[t] = scale * (x[t].double().cpu() @ lora_a[slot].double().cpu().T)
+    """[num_slices, num_tokens, rank] in float64; rows of tokens without a LoRA are zero."""
+    num_slices, _, rank, _ = lora_a.shape
+    out = torch.zeros(num_slices, x.shape[0], rank, dtype=torch.float64)
+    for s in range(num_slices):
+        for t, slot in enumerate(slots):
+            if slot != -1:
+                out[s, t] = scale * (x[t].double().cpu() @ lora_a[s, slot].double().cpu().T)
     return out
 
 
 def lora_expand_reference(y, buffer, lora_b, slots) -> torch.Tensor:
-    """y + per-token expand, in float64."""
+    """y + per-token expand of every slice into its columns, in float64."""
     out = y.double().cpu().clone()
-    for t, slot in enumerate(slots):
-        if slot != -1:
-            out[t] += buffer[t].double().cpu() @ lora_b[slot].double().cpu().T
+    width = lora_b.shape[2]
+    for s in range(lora_b.shape[0]):
+        for t, slot in enumerate(slots):
+            if slot != -1:
+                delta = buffer[s, t].double().cpu() @ lora_b[s, slot].double().cpu().T
+                out[t, s * width : (s + 1) * width] += delta
     return out
 
 
@@ -75,8 +82,8 @@ def _skips_launch(meta: KernelMeta) -> bool:
 
 def lora_shrink(
     x: torch.Tensor,  # [num_tokens, hidden] float32
-    lora_a: torch.Tensor,  # [max_loras, rank, hidden] float32
-    buffer: torch.Tensor,  # [>= num_tokens, rank] float32, LoRA rows written
+    lora_a: torch.Tensor,  # [num_slices, max_loras, rank, hidden] float32
+    buffer: torch.Tensor,  # [num_slices, >= num_tokens, rank] float32, LoRA rows written
     meta: KernelMeta,
     scale: float,
     launch: Launch = launch_now,
@@ -84,9 +91,11 @@ def lora_shrink(
     if _skips_launch(meta):  # NOTE: host decision; frozen into a captured graph
         return
     num_tokens, hidden = x.shape
-    max_loras, rank, _ = lora_a.shape
-    assert lora_a.shape[2] == hidden and buffer.shape[1] == rank, (lora_a.shape, buffer.shape)
-    grid = (triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(rank, BLOCK_N), max_loras + 1)
+    num_slices, max_loras, rank, _ = lora_a.shape
+    assert lora_a.shape[3] == hidden, (lora_a.shape, hidden)
+    assert buffer.shape[0] == num_slices and buffer.shape[2] == rank, (buffer.shape, rank)
+    m_tiles = triton.cdiv(num_tokens, BLOCK_M)
+    grid = (m_tiles * triton.cdiv(rank, BLOCK_N), num_slices, max_loras + 1)
     launch(
         on_grid(_lora_shrink_kernel, grid),
         x,
@@ -97,6 +106,9 @@ def lora_shrink(
         meta.lora_token_start_loc,
         meta.active_lora_ids,
         scale,
+        m_tiles,
+        max_loras,
+        buffer.stride(0),
         rank,
         hidden,
         BLOCK_M=BLOCK_M,
@@ -106,18 +118,20 @@ def lora_shrink(
 
 
 def lora_expand(
-    buffer: torch.Tensor,  # [>= num_tokens, rank] float32
-    lora_b: torch.Tensor,  # [max_loras, out_dim, rank] float32
-    y: torch.Tensor,  # [num_tokens, out_dim] float32, LoRA rows accumulated in place
+    buffer: torch.Tensor,  # [num_slices, >= num_tokens, rank] float32
+    lora_b: torch.Tensor,  # [num_slices, max_loras, slice_width, rank] float32
+    y: torch.Tensor,  # [num_tokens, num_slices * slice_width] float32, accumulated in place
     meta: KernelMeta,
     launch: Launch = launch_now,
 ) -> None:
     if _skips_launch(meta):  # NOTE: host decision; frozen into a captured graph
         return
     num_tokens, out_dim = y.shape
-    max_loras, _, rank = lora_b.shape
-    assert lora_b.shape[1] == out_dim and buffer.shape[1] == rank, (lora_b.shape, buffer.shape)
-    grid = (triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(out_dim, BLOCK_N), max_loras + 1)
+    num_slices, max_loras, width, rank = lora_b.shape
+    assert num_slices * width == out_dim and y.is_contiguous(), (lora_b.shape, y.shape)
+    assert buffer.shape[0] == num_slices and buffer.shape[2] == rank, (buffer.shape, rank)
+    m_tiles = triton.cdiv(num_tokens, BLOCK_M)
+    grid = (m_tiles * triton.cdiv(width, BLOCK_N), num_slices, max_loras + 1)
     launch(
         on_grid(_lora_expand_kernel, grid),
         buffer,
@@ -127,7 +141,11 @@ def lora_expand(
         meta.num_tokens_per_lora,
         meta.lora_token_start_loc,
         meta.active_lora_ids,
+        m_tiles,
+        max_loras,
+        buffer.stride(0),
         out_dim,
+        width,
         rank,
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
@@ -140,18 +158,23 @@ def lora_expand(
 
 @triton.jit
 def _lora_rows(
-    sorted_ptr, num_tokens_per_lora_ptr, start_loc_ptr, active_lora_ids_ptr, BLOCK_M: tl.constexpr
+    sorted_ptr,
+    num_tokens_per_lora_ptr,
+    start_loc_ptr,
+    active_lora_ids_ptr,
+    m_tiles,
+    BLOCK_M: tl.constexpr,
 ):
-    """(lora_id, token rows of this program's block, row mask); lora_id -1 = nothing to do."""
+    """(lora_id, token rows of this program's tile, row mask, tile column); lora_id -1: no work."""
     slot = tl.program_id(2)
     lora_id = tl.load(active_lora_ids_ptr + slot)
     count = tl.load(num_tokens_per_lora_ptr + slot)
-    first = tl.program_id(0) * BLOCK_M
+    first = (tl.program_id(0) % m_tiles) * BLOCK_M
     offs = first + tl.arange(0, BLOCK_M)
     valid = offs < tl.where(lora_id == -1, 0, count)
     start = tl.load(start_loc_ptr + slot)
     rows = tl.load(sorted_ptr + start + offs, mask=valid, other=0).to(tl.int64)
-    return tl.where(first < count, lora_id, -1), rows, valid
+    return tl.where(first < count, lora_id, -1), rows, valid, tl.program_id(0) // m_tiles
 
 
 @triton.jit
@@ -160,16 +183,15 @@ def _rows_times_lora(
     w_ptr,
     rows,
     valid,
-    lora_id,
+    pid_n,
     N: tl.constexpr,
     K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """(in[rows] @ W[lora_id].T) for this program's [BLOCK_M, BLOCK_N] tile; W is [N, K]."""
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w = w_ptr + lora_id.to(tl.int64) * N * K
+    """(in[rows] @ W.T, cols) for this program's [BLOCK_M, BLOCK_N] tile; W is [N, K]."""
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -179,7 +201,7 @@ def _rows_times_lora(
             other=0.0,
         )
         b = tl.load(
-            w + cols[None, :] * K + ks[:, None],
+            w_ptr + cols[None, :] * K + ks[:, None],
             mask=(cols[None, :] < N) & (ks[:, None] < K),
             other=0.0,
         )
@@ -197,22 +219,27 @@ def _lora_shrink_kernel(
     start_loc_ptr,
     active_lora_ids_ptr,
     scale,
+    m_tiles,
+    max_loras,
+    out_slice_stride,
     RANK: tl.constexpr,
     HIDDEN: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    lora_id, rows, valid = _lora_rows(
-        sorted_ptr, num_tokens_per_lora_ptr, start_loc_ptr, active_lora_ids_ptr, BLOCK_M
+    lora_id, rows, valid, pid_n = _lora_rows(
+        sorted_ptr, num_tokens_per_lora_ptr, start_loc_ptr, active_lora_ids_ptr, m_tiles, BLOCK_M
     )
     if lora_id == -1:
         return
+    s = tl.program_id(1).to(tl.int64)
+    w = w_ptr + (s * max_loras + lora_id) * RANK * HIDDEN
     acc, cols = _rows_times_lora(
-        x_ptr, w_ptr, rows, valid, lora_id, RANK, HIDDEN, BLOCK_M, BLOCK_N, BLOCK_K
+        x_ptr, w, rows, valid, pid_n, RANK, HIDDEN, BLOCK_M, BLOCK_N, BLOCK_K
     )
-    mask = valid[:, None] & (cols[None, :] < RANK)
-    tl.store(out_ptr + rows[:, None] * RANK + cols[None, :], acc * scale, mask=mask)
+    out = out_ptr + s * out_slice_stride + rows[:, None] * RANK + cols[None, :]
+    tl.store(out, acc * scale, mask=valid[:, None] & (cols[None, :] < RANK))
 
 
 @triton.jit
@@ -224,20 +251,35 @@ def _lora_expand_kernel(
     num_tokens_per_lora_ptr,
     start_loc_ptr,
     active_lora_ids_ptr,
+    m_tiles,
+    max_loras,
+    buf_slice_stride,
     OUT_DIM: tl.constexpr,
+    WIDTH: tl.constexpr,
     RANK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    lora_id, rows, valid = _lora_rows(
-        sorted_ptr, num_tokens_per_lora_ptr, start_loc_ptr, active_lora_ids_ptr, BLOCK_M
+    lora_id, rows, valid, pid_n = _lora_rows(
+        sorted_ptr, num_tokens_per_lora_ptr, start_loc_ptr, active_lora_ids_ptr, m_tiles, BLOCK_M
     )
     if lora_id == -1:
         return
+    s = tl.program_id(1).to(tl.int64)
+    w = w_ptr + (s * max_loras + lora_id) * WIDTH * RANK
     acc, cols = _rows_times_lora(
-        buf_ptr, w_ptr, rows, valid, lora_id, OUT_DIM, RANK, BLOCK_M, BLOCK_N, BLOCK_K
+        buf_ptr + s * buf_slice_stride,
+        w,
+        rows,
+        valid,
+        pid_n,
+        WIDTH,
+        RANK,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
     )
-    out = y_ptr + rows[:, None] * OUT_DIM + cols[None, :]
-    mask = valid[:, None] & (cols[None, :] < OUT_DIM)
+    out = y_ptr + rows[:, None] * OUT_DIM + s * WIDTH + cols[None, :]
+    mask = valid[:, None] & (cols[None, :] < WIDTH)
     tl.store(out, tl.load(out, mask=mask, other=0.0) + acc, mask=mask)

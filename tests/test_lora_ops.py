@@ -36,27 +36,27 @@ def make_meta(slots: list[int], max_loras: int, device: str) -> KernelMeta:
 
 
 @pytest.mark.parametrize(
-    ("slots", "hidden", "rank", "out_dim"),
+    ("slots", "hidden", "rank", "width", "num_slices"),
     [
-        ([0, -1, 1, 1, 0, -1, 1], 64, 16, 48),
-        ([1] * 37, 40, 16, 17),
-        ([-1, 0] * 20 + [2], 33, 32, 64),
+        ([0, -1, 1, 1, 0, -1, 1], 64, 16, 48, 1),
+        ([1] * 37, 40, 16, 17, 2),
+        ([-1, 0] * 20 + [2], 33, 32, 24, 3),
     ],
 )
-def test_shrink_then_expand_match_reference(device, slots, hidden, rank, out_dim) -> None:
-    max_loras, scale = 3, 0.5
+def test_shrink_then_expand_match_reference(device, slots, hidden, rank, width, num_slices):
+    max_loras, scale, n = 3, 0.5, len(slots)
     gen = torch.Generator().manual_seed(3)
-    x = torch.randint(-2, 3, (len(slots), hidden), generator=gen).float()
-    lora_a = torch.randint(-2, 3, (max_loras, rank, hidden), generator=gen).float()
-    lora_b = torch.randint(-2, 3, (max_loras, out_dim, rank), generator=gen).float()
-    y = torch.randint(-2, 3, (len(slots), out_dim), generator=gen).float()
+    x = torch.randint(-2, 3, (n, hidden), generator=gen).float()
+    lora_a = torch.randint(-2, 3, (num_slices, max_loras, rank, hidden), generator=gen).float()
+    lora_b = torch.randint(-2, 3, (num_slices, max_loras, width, rank), generator=gen).float()
+    y = torch.randint(-2, 3, (n, num_slices * width), generator=gen).float()
     meta = make_meta(slots, max_loras, device)
-    buffer = torch.full((len(slots), rank), -7.0, device=device)
+    buffer = torch.full((num_slices, n, rank), -7.0, device=device)
     lora_shrink(x.to(device), lora_a.to(device), buffer, meta, scale)
     shrunk = lora_shrink_reference(x, lora_a, slots, scale)
     lora_rows = torch.tensor([s != -1 for s in slots])
-    assert torch.equal(buffer.cpu().double()[lora_rows], shrunk[lora_rows])
-    assert (buffer.cpu()[~lora_rows] == -7.0).all(), "shrink wrote rows of base tokens"
+    assert torch.equal(buffer.cpu().double()[:, lora_rows], shrunk[:, lora_rows])
+    assert (buffer.cpu()[:, ~lora_rows] == -7.0).all(), "shrink wrote rows of base tokens"
     y_dev = y.clone().to(device)  # the reference needs y as it was
     lora_expand(buffer, lora_b.to(device), y_dev, meta)
     expected = lora_expand_reference(y, buffer.cpu(), lora_b, slots)
@@ -66,10 +66,10 @@ def test_shrink_then_expand_match_reference(device, slots, hidden, rank, out_dim
 def test_no_lora_flag_returns_before_launching(device) -> None:
     meta = make_meta([-1, -1, -1], 2, device)
     launched = []
-    x, buffer = torch.ones(3, 32, device=device), torch.zeros(3, 16, device=device)
+    x, buffer = torch.ones(3, 32, device=device), torch.zeros(1, 3, 16, device=device)
     lora_shrink(
         x,
-        torch.ones(2, 16, 32, device=device),
+        torch.ones(1, 2, 16, 32, device=device),
         buffer,
         meta,
         1.0,

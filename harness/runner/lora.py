@@ -123,13 +123,14 @@ class PunicaWrapper:
         self.prompt_mapping_meta.prepare_tensors(prompt_slots)
 
     def add_lora_linear(self, y, x, lora_a, lora_b, scale, buffer, launch: Launch) -> None:
-        """y += scale * (x @ A.T) @ B.T per token; `buffer` [>= num_tokens, rank] float32."""
+        """Per slice s: y[:, cols of s] += scale * (x @ A[s].T) @ B[s].T per token;
+        `buffer` [num_slices, >= num_tokens, rank] float32."""
         meta = self.token_mapping_meta.kernel_meta()
         lora_shrink(x, lora_a, buffer, meta, scale, launch)
         lora_expand(buffer, lora_b, y, meta, launch)
 
     def add_lora_embedding(self, y, x, lora_b, launch: Launch) -> None:
-        """y += x @ B.T per token, x being the gathered LoRA-A embedding rows."""
+        """y += x[0] @ B[0].T per token, x [1, n, rank] being the gathered LoRA-A rows."""
         lora_expand(x, lora_b, y, self.token_mapping_meta.kernel_meta(), launch)
 
 
