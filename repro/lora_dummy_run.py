@@ -81,8 +81,9 @@ RECORD = BugRecord(
         ),
     ),
     history=(
-        "Merged as a stop-gap (FIXME: LoRA warm-up, PR #35536). Its all-(-1) mapping made "
-        "CUDA-graph capture skip every LoRA kernel: regression lora_graph_capture (#43314)."
+        "Merged as a stop-gap, to be replaced by LoRA warm-up (PR #35536). Its all-(-1) "
+        "mapping made CUDA-graph capture skip every LoRA kernel: regression "
+        "lora_graph_capture (#43314)."
     ),
 )
 
