@@ -19,7 +19,9 @@ from types import ModuleType
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 EXTENSIONS: dict[str, tuple[str, ...]] = {
     "moe_lora_align": ("moe_lora_align.cu", "moe_lora_align_bindings.cpp"),
+    "cumem_allocator": ("cumem_allocator.cpp", "cumem_allocator_bindings.cpp"),
 }
+DRIVER_API = {"cumem_allocator"}  # link libcuda (the driver's virtual memory API)
 
 
 class BuildUnavailable(RuntimeError):
@@ -78,12 +80,16 @@ def load(name: str, verbose: bool = False) -> ModuleType:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch
     build = cache_dir() / name
     build.mkdir(parents=True, exist_ok=True)
+    stubs = Path(cpp_extension.CUDA_HOME) / "lib64" / "stubs"
+    driver = [f"-L{stubs}", "-lcuda"] if name in DRIVER_API else []
     module = cpp_extension.load(
         name=f"repro_{name}",
         sources=[str(CSRC / s) for s in EXTENSIONS[name]],
         extra_include_paths=[str(CSRC)],
         extra_cflags=["-O2"],
         extra_cuda_cflags=["-O2", "-lineinfo"],
+        extra_ldflags=driver,
+        with_cuda=True,
         build_directory=str(build),
         verbose=verbose,
     )

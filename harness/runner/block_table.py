@@ -1,0 +1,86 @@
+"""Block tables per KV-cache group, and the layout tensors the kernels find them through.
+
+NOTE: everything here lives in the kv_cache memory pool, the layout tensors included: after a
+sleep that discards kv_cache, wake maps new memory at the same addresses with undefined
+contents, so init_block_table_layout_tensors() must run again (vLLM #40648).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+
+from harness.runner.sleep_mode import TaggedPools
+from kernels.block_table import compute_slot_mappings, gather_block_tables
+
+TAG = "kv_cache"
+
+
+class BlockTables:
+    def __init__(
+        self,
+        block_sizes: Sequence[int],
+        max_num_reqs: int,
+        max_num_tokens: int,
+        max_model_len: int,
+        pools: TaggedPools,
+    ) -> None:
+        self.block_sizes = list(block_sizes)
+        self.max_num_tokens = max_num_tokens
+        self.pools = pools
+        self.max_num_blocks = [triton.cdiv(max_model_len, size) for size in self.block_sizes]
+        num_groups, i32 = len(self.block_sizes), torch.int32
+        # NOTE: stable storage: the layout tensors below hold these tables' addresses
+        self.block_tables = [pools.zeros(TAG, (max_num_reqs, n), i32) for n in self.max_num_blocks]
+        self.input_block_tables = [
+            pools.zeros(TAG, (max_num_reqs, n), i32) for n in self.max_num_blocks
+        ]
+        self.num_blocks = pools.zeros(TAG, (num_groups, max_num_reqs), i32)
+        self.slot_mappings = pools.zeros(TAG, (num_groups, max_num_tokens), torch.int64)
+        self.init_block_table_layout_tensors()
+
+    def init_block_table_layout_tensors(self) -> None:
+        """(Re)build the pointer, stride and block-size tensors from the tables."""
+        ptrs = lambda tables: [t.data_ptr() for t in tables]
+        self.block_table_ptrs = self.pools.tensor(TAG, ptrs(self.block_tables), torch.int64)
+        self.input_block_table_ptrs = self.pools.tensor(
+            TAG, ptrs(self.input_block_tables), torch.int64
+        )
+        strides = [t.stride(0) for t in self.block_tables]
+        self.block_table_strides = self.pools.tensor(TAG, strides, torch.int64)
+        self.block_sizes_tensor = self.pools.tensor(TAG, self.block_sizes, torch.int32)
+
+    def set_row(self, req_index: int, block_ids: Sequence[Sequence[int]]) -> None:
+        """The whole block list of request row `req_index`, one list per group."""
+        for g, ids in enumerate(block_ids):
+            self.block_tables[g][req_index, : len(ids)].copy_(torch.tensor(ids, dtype=torch.int32))
+            self.num_blocks[g, req_index] = len(ids)
+
+    def gather_block_tables(self, idx_mapping: torch.Tensor) -> list[torch.Tensor]:
+        """Input block tables of the batch (rows idx_mapping of the request tables)."""
+        gather_block_tables(
+            idx_mapping,
+            self.block_table_ptrs,
+            self.input_block_table_ptrs,
+            self.block_table_strides,
+            self.num_blocks,
+            max(self.max_num_blocks),
+        )
+        return [t[: idx_mapping.shape[0]] for t in self.input_block_tables]
+
+    def compute_slot_mappings(
+        self, query_start_loc: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """[num_groups, num_tokens] KV slot of every token of the batch."""
+        compute_slot_mappings(
+            query_start_loc,
+            positions,
+            self.input_block_table_ptrs,
+            self.block_table_strides,
+            self.block_sizes_tensor,
+            self.slot_mappings,
+            self.max_num_tokens,
+        )
+        return self.slot_mappings[:, : positions.shape[0]]

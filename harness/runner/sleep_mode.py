@@ -1,0 +1,120 @@
+"""Tagged memory pools with sleep and wake: CuMem on the GPU, an arena emulation on the CPU.
+
+Tags are "weights" and "kv_cache". The contract both implementations keep:
+- every tensor allocated under a tag keeps its address across sleep and wake;
+- sleep(offload_tags) backs up the offloaded tags to host memory, then discards every tag
+  (GPU: unmaps and releases the physical memory, keeping the address range reserved);
+- wake_up(tags) maps new memory at the same addresses (GPU), restores backups, and fills
+  whatever was discarded with 0xFF bytes: int pointers read as -1 (0xFFFF...), floats as NaN,
+  so a reader of stale contents fails the same way every time.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+import torch
+
+TAGS = ("weights", "kv_cache")
+POISON_BYTE = 0xFF
+ALIGN = 256  # bytes; every arena allocation starts on this boundary
+
+
+class TaggedPools(abc.ABC):
+    """What the runner and worker allocate from; subclasses say where the bytes live."""
+
+    @abc.abstractmethod
+    def empty(self, tag: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def sleep(self, offload_tags: Sequence[str] = ()) -> None: ...
+
+    @abc.abstractmethod
+    def wake_up(self, tags: Sequence[str] | None = None) -> None: ...
+
+    def zeros(self, tag: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return self.empty(tag, shape, dtype).zero_()
+
+    def tensor(self, tag: str, values: list, dtype: torch.dtype) -> torch.Tensor:
+        return self.empty(tag, (len(values),), dtype).copy_(torch.tensor(values, dtype=dtype))
+
+
+def _check_tags(tags: Sequence[str]) -> None:
+    unknown = set(tags) - set(TAGS)
+    if unknown:
+        raise ValueError(f"unknown memory tags {sorted(unknown)}; tags: {TAGS}")
+
+
+class ArenaPools(TaggedPools):
+    """CPU emulation: one byte arena per tag; tensors are views into it (stable addresses)."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.arenas = {tag: torch.zeros(capacity_bytes, dtype=torch.uint8) for tag in TAGS}
+        self.used = dict.fromkeys(TAGS, 0)
+        self.backups: dict[str, torch.Tensor] = {}
+        self.asleep: set[str] = set()
+
+    def empty(self, tag: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        _check_tags([tag])
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
+        start = -(-self.used[tag] // ALIGN) * ALIGN
+        if start + nbytes > self.arenas[tag].numel():
+            raise MemoryError(f"arena {tag!r} full: {start + nbytes} > {self.arenas[tag].numel()}")
+        self.used[tag] = start + nbytes
+        return self.arenas[tag][start : start + nbytes].view(dtype).view(*shape)
+
+    def sleep(self, offload_tags: Sequence[str] = ()) -> None:
+        _check_tags(offload_tags)
+        for tag in TAGS:
+            if tag in offload_tags:
+                self.backups[tag] = self.arenas[tag][: self.used[tag]].clone()
+            self.arenas[tag].fill_(POISON_BYTE)  # the emulated release: contents are gone
+            self.asleep.add(tag)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        tags = list(TAGS if tags is None else tags)
+        _check_tags(tags)
+        for tag in [t for t in tags if t in self.asleep]:
+            backup = self.backups.pop(tag, None)
+            if backup is not None:
+                self.arenas[tag][: backup.numel()].copy_(backup)
+            self.asleep.discard(tag)
+
+
+class CuMemPools(TaggedPools):
+    """GPU: one torch MemPool per tag over the CuMem allocator of csrc/cumem_allocator.cpp."""
+
+    def __init__(self) -> None:
+        from kernels import csrc
+
+        self.ext = csrc.load("cumem_allocator")
+        self.allocator = torch.cuda.memory.CUDAPluggableAllocator(
+            self.ext.__file__, "repro_cumem_malloc", "repro_cumem_free"
+        )
+        self.pools = {tag: torch.cuda.MemPool(self.allocator.allocator()) for tag in TAGS}
+
+    def empty(self, tag: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        _check_tags([tag])
+        self.ext.set_tag(TAGS.index(tag))
+        with torch.cuda.use_mem_pool(self.pools[tag]):
+            return torch.empty(*shape, dtype=dtype, device="cuda")
+
+    def sleep(self, offload_tags: Sequence[str] = ()) -> None:
+        _check_tags(offload_tags)
+        torch.cuda.synchronize()
+        for i, tag in enumerate(TAGS):
+            self.ext.sleep(i, tag in offload_tags)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        tags = list(TAGS if tags is None else tags)
+        _check_tags(tags)
+        for tag in tags:
+            self.ext.wake(TAGS.index(tag))
+
+    def mapped_bytes(self, tag: str) -> int:
+        return self.ext.mapped_bytes(TAGS.index(tag))
+
+
+def make_pools(device: str, arena_bytes: int = 1 << 24) -> TaggedPools:
+    return CuMemPools() if device == "cuda" else ArenaPools(arena_bytes)

@@ -1,0 +1,72 @@
+"""Tagged pools: same addresses across sleep and wake, backups restored, discarded contents
+poisoned; on the GPU the physical memory is really released (free memory rises)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.runner.sleep_mode import ArenaPools, make_pools
+
+
+def _fill(pools, device):
+    w = pools.tensor("weights", list(range(10)), torch.int64)
+    kv = pools.empty("kv_cache", (4, 3), torch.float32).fill_(2.5)
+    ptrs = pools.empty("kv_cache", (2,), torch.int64).copy_(torch.tensor([w.data_ptr(), 7]))
+    return w, kv, ptrs
+
+
+def test_sleep_level_one_keeps_weights_poisons_kv_cache(device) -> None:
+    pools = make_pools(device)
+    w, kv, ptrs = _fill(pools, device)
+    addresses = [t.data_ptr() for t in (w, kv, ptrs)]
+    pools.sleep(offload_tags=("weights",))
+    pools.wake_up()
+    assert [t.data_ptr() for t in (w, kv, ptrs)] == addresses
+    assert w.tolist() == list(range(10))
+    assert kv.isnan().all(), kv
+    assert ptrs.tolist() == [-1, -1], "discarded int64 must read 0xFFFF..., a wild pointer"
+
+
+def test_wake_by_tag(device) -> None:
+    pools = make_pools(device)
+    w, kv, _ = _fill(pools, device)
+    pools.sleep(offload_tags=("weights",))
+    pools.wake_up(["weights"])
+    assert w.tolist() == list(range(10))
+    pools.wake_up(["kv_cache"])
+    assert kv.isnan().all()
+
+
+def test_unknown_tag_is_an_error(device) -> None:
+    pools = make_pools(device)
+    with pytest.raises(ValueError, match="unknown memory tags"):
+        pools.empty("activations", (2,), torch.float32)
+    with pytest.raises(ValueError, match="unknown memory tags"):
+        pools.sleep(offload_tags=("weight",))
+
+
+def test_arena_full_is_a_clear_error() -> None:
+    pools = ArenaPools(capacity_bytes=1024)
+    pools.empty("weights", (128,), torch.float32)
+    with pytest.raises(MemoryError, match="arena 'weights' full"):
+        pools.empty("weights", (512,), torch.float32)
+
+
+@pytest.mark.gpu
+def test_cumem_sleep_really_frees_memory() -> None:
+    pools = make_pools("cuda")
+    kv = pools.empty("kv_cache", (256, 1024, 1024), torch.uint8).fill_(1)  # 256 MiB
+    torch.cuda.synchronize()
+    free_awake, _ = torch.cuda.mem_get_info()
+    mapped = pools.mapped_bytes("kv_cache")
+    pools.sleep()
+    free_asleep, _ = torch.cuda.mem_get_info()
+    assert pools.mapped_bytes("kv_cache") == 0
+    assert free_asleep - free_awake >= 256 << 20, (free_awake, free_asleep, mapped)
+    print(
+        f"free memory: awake {free_awake >> 20} MiB, asleep {free_asleep >> 20} MiB "
+        f"(kv_cache mapped {mapped >> 20} MiB)"
+    )
+    pools.wake_up()
+    assert pools.mapped_bytes("kv_cache") == mapped and (kv == 255).all()
