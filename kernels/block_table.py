@@ -48,7 +48,7 @@ def gather_block_tables(
     input_block_table_ptrs: torch.Tensor,  # [num_groups] int64
     block_table_strides: torch.Tensor,  # [num_groups] int64
     num_blocks: torch.Tensor,  # [num_groups, max_num_reqs] int32
-    max_num_blocks: int,
+    max_num_blocks: int,  # longest row over the groups
 ) -> None:
     num_groups, num_reqs = block_table_ptrs.shape[0], idx_mapping.shape[0]
     assert block_table_ptrs.dtype == input_block_table_ptrs.dtype == torch.int64
@@ -114,8 +114,8 @@ def _gather_block_tables_kernel(
     n = tl.load(num_blocks_ptr + group * num_blocks_stride + req)
     for i0 in range(0, MAX_NUM_BLOCKS, BLOCK):
         i = i0 + tl.arange(0, BLOCK)
-        keep = i < n
-        tl.store(dst + i, tl.load(src + i, mask=keep, other=0), mask=i < MAX_NUM_BLOCKS)
+        # NOTE: rows of a group are `stride` long; MAX_NUM_BLOCKS is the longest group's
+        tl.store(dst + i, tl.load(src + i, mask=i < n, other=0), mask=i < stride)
 
 
 @triton.jit
