@@ -12,6 +12,8 @@ from collections.abc import Iterable
 
 
 class Fix(enum.Enum):
+    # vLLM #40648 (block_table_wake)
+    BLOCK_TABLE_REINIT_ON_WAKE = "block_table_reinit_on_wake"
     # vLLM #40131 (moe_align_grid)
     MOE_ALIGN_GRID_PLUS_ONE = "moe_align_grid_plus_one"
     MOE_ALIGN_OOB_GUARD = "moe_align_oob_guard"

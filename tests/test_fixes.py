@@ -31,7 +31,10 @@ def test_fixes_none() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"without": ["no_such_part"]}, "unknown fix part 'no_such_part'; valid parts: moe_align"),
+        (
+            {"without": ["no_such_part"]},
+            "unknown fix part 'no_such_part'; valid parts: block_table_reinit_on_wake, moe_align",
+        ),
         ({"variant": "buggy", "without": ["moe_align_oob_guard"]}, "use one of"),
         ({"variant": "fixed", "fixes": "none"}, "use one of"),
         ({"fixes": "all"}, "--fixes takes only 'none'"),

@@ -16,6 +16,7 @@ class Request:
     req_id: str
     token_ids: tuple[int, ...]  # tokens scheduled this step
     lora_id: int = 0  # 0 = base model
+    num_computed_tokens: int = 0  # position of the first scheduled token
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +64,8 @@ class InputBuffers:
             )
         lengths = [len(r.token_ids) for r in requests]
         self.input_ids[:padded].copy_(torch.tensor(ids + [0] * (padded - n)))
-        self.positions[:padded].copy_(
-            torch.tensor([p for k in lengths for p in range(k)] + [0] * (padded - n))
-        )
+        positions = [r.num_computed_tokens + p for r in requests for p in range(len(r.token_ids))]
+        self.positions[:padded].copy_(torch.tensor(positions + [0] * (padded - n)))
         starts = torch.cumsum(torch.tensor([0, *lengths]), 0)
         self.query_start_loc[: len(requests) + 1].copy_(starts)
         self.idx_mapping[: len(requests)].copy_(torch.arange(len(requests)))

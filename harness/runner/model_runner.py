@@ -1,6 +1,8 @@
-"""The miniature Model Runner V2: execute_model (real and dummy runs) and capture_model.
+"""The miniature Model Runner V2: execute_model (real and dummy runs), capture_model, and
+greedy generation over the paged KV cache.
 
-The dummy-run branch is where the LoRA fix parts of vLLM #43139 and #43314 live.
+The dummy-run branch is where the LoRA fix parts of vLLM #43139 and #43314 live;
+post_kv_cache_wake_up is where the fix part of vLLM #40648 lives.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from harness.runner.cudagraph import (
     Launcher,
 )
 from harness.runner.input_batch import InputBatch, InputBuffers, Request
+from harness.runner.kv_cache import KVCache
 from harness.runner.lora import LoRAManager, LoRAMapping, LoRAModelManager, PunicaWrapper
 from harness.runner.model import ModelConfig, TinyLoRADecoder
+from harness.runner.sleep_mode import TaggedPools
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,14 +34,21 @@ class RunnerConfig:
     max_num_reqs: int = 8
     cudagraph_sizes: tuple[int, ...] = (8, 16)
     enable_lora: bool = True
+    block_sizes: tuple[int, ...] = (4, 16)  # one KV-cache group per layer
+    num_kv_blocks: int = 32  # per group
+    max_model_len: int = 64
 
 
 class ModelRunner:
-    def __init__(self, config: RunnerConfig) -> None:
+    def __init__(self, config: RunnerConfig, pools: TaggedPools | None = None) -> None:
+        """With `pools` (a Worker's), weights and the KV cache live in tagged sleep pools."""
         self.config, self.device, self.fixes = config, config.device, config.fixes
+        self.pools = pools
         self.launch = Launcher()
         self.input_buffers = InputBuffers(config.max_num_tokens, config.max_num_reqs, self.device)
-        self.model = TinyLoRADecoder(config.model, self.device)
+        place = (lambda t: pools.adopt("weights", t)) if pools else None
+        self.model = TinyLoRADecoder(config.model, self.device, place)
+        self.kv_cache: KVCache | None = None
         # NOTE: the embedding and first layer share one wrapper object, the second layer has its own
         shared, own = (
             PunicaWrapper(
@@ -53,8 +64,10 @@ class ModelRunner:
         self.cudagraph_manager = CudaGraphManager(self.device, self.launch)
 
     @property
-    def wrappers(self) -> list[PunicaWrapper]:
-        """The wrapper of each LoRA layer, in TinyLoRADecoder.PREFIXES order."""
+    def wrappers(self) -> list[PunicaWrapper] | None:
+        """The wrapper of each LoRA layer, in TinyLoRADecoder.PREFIXES order (None: no LoRA)."""
+        if not self.config.enable_lora:
+            return None
         mapping = self.lora_manager._adapter_manager.punica_wrapper_mapping
         return [mapping[p] for p in TinyLoRADecoder.PREFIXES]
 
@@ -119,3 +132,51 @@ class ModelRunner:
     def _create_forward_fn(self, desc: BatchExecutionDescriptor):
         batch = self._prepare_dummy(desc.num_tokens, desc.num_reqs)
         return (lambda mode: self._forward(batch)), None
+
+    def initialize_kv_cache(self) -> None:
+        """Paged K/V caches and block tables, in the kv_cache pool."""
+        if self.pools is None:
+            raise RuntimeError(
+                "the KV cache lives in tagged memory pools: build the runner "
+                "with pools (a Worker does)"
+            )
+        c, m = self.config, self.config.model
+        self.kv_cache = KVCache(
+            c.block_sizes,
+            c.num_kv_blocks,
+            m.num_heads,
+            m.hidden_size // m.num_heads,
+            c.max_num_reqs,
+            c.max_num_tokens,
+            c.max_model_len,
+            self.pools,
+            m.seed,
+        )
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy tokens per prompt: one prefill step, then one decode step per new token."""
+        self.kv_cache.reset()
+        seqs, new = [list(p) for p in prompts], [[] for _ in prompts]
+        for step in range(max_new_tokens):
+            requests = []
+            for row, seq in enumerate(seqs):
+                start = 0 if step == 0 else len(seq) - 1
+                requests.append(Request(f"req{row}", tuple(seq[start:]), 0, start))
+                self.kv_cache.ensure_blocks(row, len(seq))
+            batch = self.input_buffers.prepare(requests, sum(len(r.token_ids) for r in requests))
+            attn = self.kv_cache.metadata(batch)
+            logits = self.model.forward(batch.input_ids, self.wrappers, self.launch, attn)
+            last = batch.query_start_loc[1:].long() - 1
+            for row, token in enumerate(logits[last].argmax(-1).tolist()):
+                seqs[row].append(token)
+                new[row].append(token)
+        return new
+
+    def post_kv_cache_wake_up(self) -> None:
+        """Called by the worker after the kv_cache pool woke up."""
+        if Fix.BLOCK_TABLE_REINIT_ON_WAKE in self.fixes:
+            # fix: block_table_reinit_on_wake -- the layout tensors woke up with garbage.
+            self.kv_cache.block_tables.init_block_table_layout_tensors()
+
+    def reload_weights(self) -> None:
+        self.model.reload_weights()

@@ -39,6 +39,10 @@ class TaggedPools(abc.ABC):
     def tensor(self, tag: str, values: list, dtype: torch.dtype) -> torch.Tensor:
         return self.empty(tag, (len(values),), dtype).copy_(torch.tensor(values, dtype=dtype))
 
+    def adopt(self, tag: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy of `tensor` that lives in the pool of `tag`."""
+        return self.empty(tag, tensor.shape, tensor.dtype).copy_(tensor)
+
 
 def _check_tags(tags: Sequence[str]) -> None:
     unknown = set(tags) - set(TAGS)

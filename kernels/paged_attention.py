@@ -1,0 +1,141 @@
+"""Paged KV cache writes and paged causal attention, with float64 references.
+
+KV cache of one group: [num_blocks, block_size, num_heads, head_dim]; token t's K/V go to slot
+slot_mapping[t] = block_number * block_size + offset. A query at position p of batch row b
+attends to positions 0..p of that row, found through the row's block table.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_P = 16
+
+
+def reshape_and_cache_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
+    block_size = k_cache.shape[1]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        k_cache[slot // block_size, slot % block_size] = key[t]
+        v_cache[slot // block_size, slot % block_size] = value[t]
+
+
+def paged_attention_reference(
+    query, k_cache, v_cache, block_table, token_rows, positions, scale
+) -> torch.Tensor:
+    """[num_tokens, num_heads, head_dim] in float64."""
+    block_size = k_cache.shape[1]
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    for t, (row, pos) in enumerate(zip(token_rows.tolist(), positions.tolist(), strict=True)):
+        slots = [
+            int(block_table[row, p // block_size]) * block_size + p % block_size
+            for p in range(pos + 1)
+        ]
+        keys = k_cache.reshape(-1, *k_cache.shape[2:])[slots].double().cpu()  # [p+1, H, D]
+        values = v_cache.reshape(-1, *v_cache.shape[2:])[slots].double().cpu()
+        scores = torch.einsum("hd,phd->hp", query[t].double().cpu(), keys) * scale
+        out[t] = torch.einsum("hp,phd->hd", scores.softmax(-1), values)
+    return out
+
+
+def reshape_and_cache(
+    key: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [>= num_tokens] int64
+) -> None:
+    num_tokens, heads, dim = key.shape
+    assert k_cache.shape[2:] == (heads, dim) and k_cache.is_contiguous() and key.is_contiguous()
+    _reshape_and_cache_kernel[(num_tokens,)](
+        key, value, k_cache, v_cache, slot_mapping, WIDTH=heads * dim
+    )
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,  # [>= num_rows, max_num_blocks] int32, the batch's rows
+    token_rows: torch.Tensor,  # [num_tokens] int32, batch row of each token
+    positions: torch.Tensor,  # [num_tokens] int64
+    out: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32
+    scale: float,
+    max_model_len: int,
+) -> None:
+    num_tokens, heads, dim = query.shape
+    assert query.is_contiguous() and out.is_contiguous() and block_table.is_contiguous()
+    _paged_attention_kernel[(num_tokens, heads)](
+        query,
+        k_cache,
+        v_cache,
+        block_table,
+        token_rows,
+        positions,
+        out,
+        scale,
+        block_table.stride(0),
+        k_cache.shape[1],
+        HEADS=heads,
+        DIM=dim,
+        MAX_MODEL_LEN=max_model_len,
+        BLOCK_P=BLOCK_P,
+    )
+
+
+@triton.jit
+def _reshape_and_cache_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, WIDTH: tl.constexpr
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + t)
+    cols = tl.arange(0, WIDTH)
+    tl.store(k_cache_ptr + slot * WIDTH + cols, tl.load(key_ptr + t * WIDTH + cols))
+    tl.store(v_cache_ptr + slot * WIDTH + cols, tl.load(value_ptr + t * WIDTH + cols))
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    token_rows_ptr,
+    positions_ptr,
+    out_ptr,
+    scale,
+    table_stride,
+    block_size,
+    HEADS: tl.constexpr,
+    DIM: tl.constexpr,
+    MAX_MODEL_LEN: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    """One (token, head): online softmax over the token's row, positions 0..pos."""
+    t, h = tl.program_id(0), tl.program_id(1)
+    row = tl.load(token_rows_ptr + t).to(tl.int64)
+    pos = tl.load(positions_ptr + t)
+    dims = tl.arange(0, DIM)
+    q = tl.load(q_ptr + (t * HEADS + h) * DIM + dims)
+    m = tl.full([], float("-inf"), tl.float32)
+    denom = tl.zeros([], tl.float32)
+    acc = tl.zeros([DIM], tl.float32)
+    for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
+        ps = p0 + tl.arange(0, BLOCK_P)
+        live = ps <= pos
+        block = tl.load(
+            block_table_ptr + row * table_stride + ps // block_size, mask=live, other=0
+        ).to(tl.int64)
+        slots = block * block_size + ps % block_size
+        kv = (slots[:, None] * HEADS + h) * DIM + dims[None, :]
+        k = tl.load(k_cache_ptr + kv, mask=live[:, None], other=0.0)
+        scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        correction = tl.exp(m - m_new)
+        weights = tl.exp(scores - m_new)
+        v = tl.load(v_cache_ptr + kv, mask=live[:, None], other=0.0)
+        acc = acc * correction + tl.sum(weights[:, None] * v, axis=0)
+        denom = denom * correction + tl.sum(weights, axis=0)
+        m = m_new
+    tl.store(out_ptr + (t * HEADS + h) * DIM + dims, acc / denom)

@@ -1,0 +1,47 @@
+"""The worker's sleep/wake contract and where it calls post_kv_cache_wake_up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.fixes import ALL_FIXES, Fix
+from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.worker import Worker
+
+
+def _worker(device, fixes=ALL_FIXES) -> Worker:
+    return Worker(RunnerConfig(device, fixes, enable_lora=False, max_model_len=32))
+
+
+def test_layout_tensors_rebuilt_only_when_kv_cache_wakes(device) -> None:
+    worker = _worker(device)
+    tables = worker.model_runner.kv_cache.block_tables
+    worker.sleep(1)
+    worker.wake_up(["weights"])
+    assert (tables.block_table_ptrs.cpu() == -1).all(), "kv_cache still asleep: no rebuild yet"
+    worker.wake_up(["kv_cache"])
+    assert tables.block_table_ptrs.tolist() == [t.data_ptr() for t in tables.block_tables]
+
+
+def test_without_the_fix_the_layout_tensors_stay_garbage(device) -> None:
+    worker = _worker(device, ALL_FIXES - {Fix.BLOCK_TABLE_REINIT_ON_WAKE})
+    worker.sleep(1)
+    worker.wake_up()
+    assert (worker.model_runner.kv_cache.block_tables.block_table_ptrs.cpu() == -1).all()
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_weights_survive_sleep(device, level) -> None:
+    worker = _worker(device)
+    before = worker.model_runner.model.embed.clone()
+    worker.sleep(level)
+    worker.wake_up()
+    assert torch.equal(worker.model_runner.model.embed, before)
+
+
+def test_bad_sleep_level_and_runner_without_pools(device) -> None:
+    with pytest.raises(ValueError, match="sleep level must be 1 or 2"):
+        _worker(device).sleep(3)
+    with pytest.raises(RuntimeError, match="tagged memory pools"):
+        ModelRunner(RunnerConfig(device)).initialize_kv_cache()
