@@ -51,7 +51,10 @@ def test_info_shows_the_record(capsys) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["info", "no_such_bug"], "unknown bug id 'no_such_bug'; valid ids: block_table_wake, moe_align_grid"),
+        (
+            ["info", "no_such_bug"],
+            "unknown bug id 'no_such_bug'; valid ids: block_table_wake, moe_align_grid",
+        ),
         (["check", "no_such_bug"], "unknown bug id"),
         (["run", "moe_align_grid", "--without", "nope"], "unknown fix part 'nope'; valid parts:"),
         (
