@@ -1,0 +1,231 @@
+"""FlashMLA-style split-KV decode attention with a planned work partition.
+
+A planner kernel reads the live seq_lens and splits the batch's total KV work (sum of lengths)
+into NUM_PARTS contiguous chunks; per part it writes
+  tile_scheduler_metadata[p] = (begin_req, begin_pos, end_req, end_pos)   # end exclusive
+and per request num_splits[r] = the number of parts covering it. The split kernel computes,
+per (part, head), a partial output and log-sum-exp for every request it covers (lse = -inf
+elsewhere); the combine kernel merges the partials of each request. A plan is valid only for
+the lengths it was made from: nothing checks that (upstream's contract).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_P = 16
+
+
+def split_kv_attention_reference(
+    query, k_cache, v_cache, block_table, seq_lens, scale
+) -> torch.Tensor:
+    """[num_reqs, heads, dim] in float64: each query attends to its request's seq_len keys."""
+    block_size = k_cache.shape[1]
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    flat_k = k_cache.reshape(-1, *k_cache.shape[2:]).double().cpu()
+    flat_v = v_cache.reshape(-1, *v_cache.shape[2:]).double().cpu()
+    for r, length in enumerate(seq_lens.tolist()):
+        slots = [
+            int(block_table[r, p // block_size]) * block_size + p % block_size
+            for p in range(length)
+        ]
+        scores = torch.einsum("hd,phd->hp", query[r].double().cpu(), flat_k[slots]) * scale
+        out[r] = torch.einsum("hp,phd->hd", scores.softmax(-1), flat_v[slots])
+    return out
+
+
+def plan_reference(seq_lens: list[int], num_parts: int) -> tuple[list[tuple], list[int]]:
+    """(tile_scheduler_metadata rows, num_splits) as the planner computes them."""
+    total, starts = sum(seq_lens), [sum(seq_lens[:r]) for r in range(len(seq_lens))]
+    chunk = -(-total // num_parts)
+    owner = [r for r, n in enumerate(seq_lens) for _ in range(n)]  # request of each work item
+    rows, splits = [], [0] * len(seq_lens)
+    for p in range(num_parts):
+        lo, hi = p * chunk, min((p + 1) * chunk, total)
+        if lo >= hi:
+            rows.append((-1, 0, -1, 0))
+            continue
+        first, last = owner[lo], owner[hi - 1]
+        rows.append((first, lo - starts[first], last, hi - starts[last]))
+        for r in range(first, last + 1):
+            splits[r] += 1
+    return rows, splits
+
+
+def plan_schedule(
+    seq_lens: torch.Tensor,  # [num_reqs] int32, live
+    tile_scheduler_metadata: torch.Tensor,  # [num_parts, 4] int32, written
+    num_splits: torch.Tensor,  # [num_reqs] int32, written
+) -> None:
+    num_parts, num_reqs = tile_scheduler_metadata.shape[0], seq_lens.shape[0]
+    _plan_kernel[(1,)](
+        seq_lens,
+        tile_scheduler_metadata,
+        num_splits,
+        num_reqs,
+        NUM_PARTS=num_parts,
+        REQ_BLOCK=triton.next_power_of_2(num_reqs),
+    )
+
+
+def split_kv_attention(
+    query: torch.Tensor,  # [num_reqs, heads, dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, heads, dim]
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,  # [num_reqs, max_num_blocks] int32
+    seq_lens: torch.Tensor,  # [num_reqs] int32, live
+    tile_scheduler_metadata: torch.Tensor,  # [num_parts, 4] int32
+    partial_out: torch.Tensor,  # [num_parts, num_reqs, heads, dim] float32 workspace
+    partial_lse: torch.Tensor,  # [num_parts, num_reqs, heads] float32 workspace
+    scale: float,
+    max_model_len: int,
+) -> None:
+    num_reqs, heads, dim = query.shape
+    num_parts = tile_scheduler_metadata.shape[0]
+    assert partial_out.shape == (num_parts, num_reqs, heads, dim), partial_out.shape
+    _split_kv_kernel[(num_parts, heads)](
+        query,
+        k_cache,
+        v_cache,
+        block_table,
+        seq_lens,
+        tile_scheduler_metadata,
+        partial_out,
+        partial_lse,
+        scale,
+        block_table.stride(0),
+        k_cache.shape[1],
+        NUM_REQS=num_reqs,
+        HEADS=heads,
+        DIM=dim,
+        MAX_MODEL_LEN=max_model_len,
+        BLOCK_P=BLOCK_P,
+    )
+
+
+def combine_splits(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor) -> None:
+    """out [num_reqs, heads, dim] = the log-sum-exp merge of every part's partial."""
+    num_parts, num_reqs, heads, dim = partial_out.shape
+    _combine_kernel[(num_reqs, heads)](
+        partial_out, partial_lse, out, NUM_PARTS=num_parts, NUM_REQS=num_reqs, HEADS=heads, DIM=dim
+    )
+
+
+# NOTE: loop bounds are constexpr (Triton 3.6's interpreter, see moe_lora_align.py).
+
+
+@triton.jit
+def _plan_kernel(
+    seq_lens_ptr,
+    meta_ptr,
+    num_splits_ptr,
+    num_reqs,
+    NUM_PARTS: tl.constexpr,
+    REQ_BLOCK: tl.constexpr,
+):
+    reqs = tl.arange(0, REQ_BLOCK)
+    lens = tl.load(seq_lens_ptr + reqs, mask=reqs < num_reqs, other=0)
+    ends = tl.cumsum(lens, axis=0)
+    starts = ends - lens
+    total = tl.sum(lens, axis=0)
+    chunk = tl.cdiv(total, NUM_PARTS)
+    parts = tl.arange(0, NUM_PARTS)
+    lo = parts * chunk
+    hi = tl.minimum(lo + chunk, total)
+    empty = lo >= hi
+    # request owning work item w: the number of requests ending at or before w
+    first = tl.sum((ends[None, :] <= lo[:, None]).to(tl.int32), axis=1)
+    last = tl.sum((ends[None, :] <= (hi - 1)[:, None]).to(tl.int32), axis=1)
+    onehot_first = reqs[None, :] == first[:, None]
+    onehot_last = reqs[None, :] == last[:, None]
+    first_pos = lo - tl.sum(tl.where(onehot_first, starts[None, :], 0), axis=1)
+    last_end = hi - tl.sum(tl.where(onehot_last, starts[None, :], 0), axis=1)
+    tl.store(meta_ptr + parts * 4 + 0, tl.where(empty, -1, first))
+    tl.store(meta_ptr + parts * 4 + 1, tl.where(empty, 0, first_pos))
+    tl.store(meta_ptr + parts * 4 + 2, tl.where(empty, -1, last))
+    tl.store(meta_ptr + parts * 4 + 3, tl.where(empty, 0, last_end))
+    covers = (reqs[None, :] >= first[:, None]) & (reqs[None, :] <= last[:, None]) & ~empty[:, None]
+    tl.store(num_splits_ptr + reqs, tl.sum(covers.to(tl.int32), axis=0), mask=reqs < num_reqs)
+
+
+@triton.jit
+def _split_kv_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    meta_ptr,
+    out_ptr,
+    lse_ptr,
+    scale,
+    table_stride,
+    block_size,
+    NUM_REQS: tl.constexpr,
+    HEADS: tl.constexpr,
+    DIM: tl.constexpr,
+    MAX_MODEL_LEN: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    """One (part, head): a partial softmax over the part's positions of every request."""
+    part, h = tl.program_id(0), tl.program_id(1)
+    first, first_pos = tl.load(meta_ptr + part * 4), tl.load(meta_ptr + part * 4 + 1)
+    last, last_end = tl.load(meta_ptr + part * 4 + 2), tl.load(meta_ptr + part * 4 + 3)
+    dims = tl.arange(0, DIM)
+    for r in range(NUM_REQS):
+        lo = tl.where(r == first, first_pos, 0)
+        hi = tl.where(r == last, last_end, tl.load(seq_lens_ptr + r))
+        hi = tl.where((r >= first) & (r <= last), hi, 0)  # not this part's request: no keys
+        q = tl.load(q_ptr + (r * HEADS + h) * DIM + dims)
+        m = tl.full([], float("-inf"), tl.float32)
+        denom = tl.zeros([], tl.float32)
+        acc = tl.zeros([DIM], tl.float32)
+        for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
+            ps = p0 + tl.arange(0, BLOCK_P)
+            live = (ps >= lo) & (ps < hi)
+            block = tl.load(
+                block_table_ptr + r * table_stride + ps // block_size, mask=live, other=0
+            ).to(tl.int64)
+            slots = block * block_size + ps % block_size
+            kv = (slots[:, None] * HEADS + h) * DIM + dims[None, :]
+            k = tl.load(k_cache_ptr + kv, mask=live[:, None], other=0.0)
+            scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=0))
+            safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
+            correction = tl.exp(m - safe)
+            weights = tl.exp(scores - safe)
+            v = tl.load(v_cache_ptr + kv, mask=live[:, None], other=0.0)
+            acc = acc * correction + tl.sum(weights[:, None] * v, axis=0)
+            denom = denom * correction + tl.sum(weights, axis=0)
+            m = m_new
+        has_keys = denom > 0
+        lse = tl.where(has_keys, m + tl.log(tl.where(has_keys, denom, 1.0)), float("-inf"))
+        out = tl.where(has_keys, acc / tl.where(has_keys, denom, 1.0), 0.0)
+        slot = (part * NUM_REQS + r) * HEADS + h
+        tl.store(out_ptr + slot * DIM + dims, out)
+        tl.store(lse_ptr + slot, lse)
+
+
+@triton.jit
+def _combine_kernel(
+    out_ptr_partial,
+    lse_ptr,
+    out_ptr,
+    NUM_PARTS: tl.constexpr,
+    NUM_REQS: tl.constexpr,
+    HEADS: tl.constexpr,
+    DIM: tl.constexpr,
+):
+    r, h = tl.program_id(0), tl.program_id(1)
+    dims = tl.arange(0, DIM)
+    parts = tl.arange(0, NUM_PARTS)
+    lse = tl.load(lse_ptr + (parts * NUM_REQS + r) * HEADS + h)
+    m = tl.max(lse, axis=0)
+    weights = tl.exp(lse - m)  # NaN when no part covered this request (a stale plan)
+    partial = tl.load(
+        out_ptr_partial + ((parts * NUM_REQS + r) * HEADS + h)[:, None] * DIM + dims[None, :]
+    )
+    out = tl.sum(weights[:, None] * partial, axis=0) / tl.sum(weights, axis=0)
+    tl.store(out_ptr + (r * HEADS + h) * DIM + dims, out)

@@ -1,0 +1,91 @@
+"""Split-KV decode attention: planner vs its reference, split + combine vs dense attention, and
+what a plan made for other lengths does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.split_kv_attention import (
+    combine_splits,
+    plan_reference,
+    plan_schedule,
+    split_kv_attention,
+    split_kv_attention_reference,
+)
+
+HEADS, DIM, BLOCK_SIZE, NUM_PARTS, MAX_LEN = 2, 16, 4, 4, 48
+
+
+def _cache(device, lengths, seed=4):
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = 40
+    table = torch.zeros(len(lengths), MAX_LEN // BLOCK_SIZE, dtype=torch.int32)
+    perm = torch.randperm(num_blocks, generator=gen).int()
+    for r, n in enumerate(lengths):
+        need = -(-n // BLOCK_SIZE)
+        table[r, :need], perm = perm[:need], perm[need:]
+    k_cache, v_cache = (
+        torch.randn(num_blocks, BLOCK_SIZE, HEADS, DIM, generator=gen) for _ in range(2)
+    )
+    q = torch.randn(len(lengths), HEADS, DIM, generator=gen)
+    return q, k_cache, v_cache, table
+
+
+def _attend(device, q, k_cache, v_cache, table, seq_lens, meta):
+    dev = lambda t: t.to(device)
+    parts = meta.shape[0]
+    partial_out = torch.empty(parts, q.shape[0], HEADS, DIM, device=device)
+    partial_lse = torch.empty(parts, q.shape[0], HEADS, device=device)
+    out = torch.empty(q.shape[0], HEADS, DIM, device=device)
+    split_kv_attention(
+        dev(q),
+        dev(k_cache),
+        dev(v_cache),
+        dev(table),
+        dev(seq_lens),
+        meta,
+        partial_out,
+        partial_lse,
+        DIM**-0.5,
+        MAX_LEN,
+    )
+    combine_splits(partial_out, partial_lse, out)
+    return out.cpu().double()
+
+
+@pytest.mark.parametrize("lengths", [[5, 17, 1, 40], [48], [3, 3, 3, 3, 3, 3, 3]])
+def test_plan_matches_reference(device, lengths) -> None:
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    meta = torch.empty(NUM_PARTS, 4, dtype=torch.int32, device=device)
+    splits = torch.empty(len(lengths), dtype=torch.int32, device=device)
+    plan_schedule(seq_lens, meta, splits)
+    rows, expected_splits = plan_reference(lengths, NUM_PARTS)
+    assert [tuple(r) for r in meta.tolist()] == rows
+    assert splits.tolist() == expected_splits
+
+
+@pytest.mark.parametrize("lengths", [[5, 17, 1, 40], [48], [3, 3, 3, 3, 3, 3, 3]])
+def test_split_and_combine_match_dense_attention(device, lengths) -> None:
+    q, k_cache, v_cache, table = _cache(device, lengths)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    meta = torch.empty(NUM_PARTS, 4, dtype=torch.int32, device=device)
+    plan_schedule(seq_lens, meta, torch.empty(len(lengths), dtype=torch.int32, device=device))
+    got = _attend(device, q, k_cache, v_cache, table, seq_lens.cpu(), meta)
+    expected = split_kv_attention_reference(q, k_cache, v_cache, table, seq_lens.cpu(), DIM**-0.5)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_plan_for_other_lengths_gives_a_wrong_result(device) -> None:
+    lengths = [5, 17, 1, 40]
+    q, k_cache, v_cache, table = _cache(device, lengths)
+    stale = torch.empty(NUM_PARTS, 4, dtype=torch.int32, device=device)
+    plan_schedule(
+        torch.ones(4, dtype=torch.int32, device=device),
+        stale,
+        torch.empty(4, dtype=torch.int32, device=device),
+    )  # warm-up lengths
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    got = _attend(device, q, k_cache, v_cache, table, seq_lens, stale)
+    expected = split_kv_attention_reference(q, k_cache, v_cache, table, seq_lens, DIM**-0.5)
+    assert not torch.allclose(got, expected, rtol=1e-3, atol=1e-3)
