@@ -14,6 +14,8 @@ from collections.abc import Iterable
 class Fix(enum.Enum):
     # vLLM #40648 (block_table_wake)
     BLOCK_TABLE_REINIT_ON_WAKE = "block_table_reinit_on_wake"
+    # vLLM #42444 (lazy_attn_state)
+    FRESH_ATTN_STATE_FOR_CAPTURE = "fresh_attn_state_for_capture"
     # vLLM #40131 (moe_align_grid)
     MOE_ALIGN_GRID_PLUS_ONE = "moe_align_grid_plus_one"
     MOE_ALIGN_OOB_GUARD = "moe_align_oob_guard"

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from harness.fixes import UsageError
 from harness.record import BugRecord
-from repro import block_table_wake, lora_dummy_run, lora_graph_capture, moe_align_grid
+from repro import (
+    block_table_wake,
+    lazy_attn_state,
+    lora_dummy_run,
+    lora_graph_capture,
+    moe_align_grid,
+)
 
 BUGS: tuple[BugRecord, ...] = (
     block_table_wake.RECORD,
+    lazy_attn_state.RECORD,
     moe_align_grid.RECORD,
     lora_dummy_run.RECORD,
     lora_graph_capture.RECORD,

@@ -53,7 +53,7 @@ def test_info_shows_the_record(capsys) -> None:
     [
         (
             ["info", "no_such_bug"],
-            "unknown bug id 'no_such_bug'; valid ids: block_table_wake, moe_align_grid",
+            "unknown bug id 'no_such_bug'; valid ids: block_table_wake, lazy_attn_state, moe",
         ),
         (["check", "no_such_bug"], "unknown bug id"),
         (["run", "moe_align_grid", "--without", "nope"], "unknown fix part 'nope'; valid parts:"),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from harness.fixes import ALL_FIXES, Fix
 from harness.runner.cudagraph import (
     BatchExecutionDescriptor,
     CudaGraphManager,
@@ -92,3 +94,59 @@ def test_manager_warms_up_captures_and_dispatches(device) -> None:
     assert manager.dispatch(9) is None
     inp.copy_(torch.arange(16.0))
     assert manager.run_fullgraph(manager.dispatch(6)).tolist() == [float(i + 1) for i in range(8)]
+
+
+def test_piecewise_runs_outside_work_eagerly_at_every_replay(device) -> None:
+    launch, calls = Launcher(), []
+    out = torch.zeros(2, device=device)
+
+    def attention(value: float) -> None:
+        calls.append(value)  # host code: runs at capture in FULL, at every replay in PIECEWISE
+        launch(out.add_, value)
+
+    def forward() -> None:
+        launch(out.mul_, 2.0)
+        launch.outside_graph(attention, 1.0)
+        launch(out.add_, 10.0)
+
+    with capturing(launch, device, None, piecewise=True) as graph:
+        forward()
+    assert calls == [] and graph.launches == ["mul_", "eager attention", "add_"]
+    graph.replay()
+    graph.replay()
+    assert calls == [1.0, 1.0] and out.tolist() == [33.0, 33.0]  # (0*2+1+10)*2+1+10
+    with capturing(launch, device, None) as full:
+        forward()
+    assert calls == [1.0, 1.0, 1.0] and full.launches == ["mul_", "add_", "add_"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "fixes", "order", "kept"),
+    [
+        (CUDAGraphMode.FULL, ALL_FIXES, ["factory", "warm-up", "factory", "capture"], 1),
+        (
+            CUDAGraphMode.FULL,
+            ALL_FIXES - {Fix.FRESH_ATTN_STATE_FOR_CAPTURE},
+            ["factory", "warm-up", "capture"],
+            0,
+        ),
+        (CUDAGraphMode.PIECEWISE, ALL_FIXES, ["factory", "warm-up", "capture"], 0),
+    ],
+)
+def test_capture_call_order_and_kept_state(device, mode, fixes, order, kept) -> None:
+    manager, events, states = CudaGraphManager(device, Launcher(), fixes), [], []
+
+    def create_forward_fn(desc):
+        events.append("factory")
+        states.append(object())
+
+        def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:
+            events.append("warm-up" if cg_mode == CUDAGraphMode.NONE else "capture")
+            return torch.zeros(1, device=device)
+
+        return forward, states[-1]
+
+    desc = BatchExecutionDescriptor(mode, 4, 4)
+    manager.capture([desc], create_forward_fn)
+    assert events == order
+    assert manager.captured_attn_states[desc] is states[kept]

@@ -33,7 +33,7 @@ def test_fixes_none() -> None:
     [
         (
             {"without": ["no_such_part"]},
-            "unknown fix part 'no_such_part'; valid parts: block_table_reinit_on_wake, moe_align",
+            "unknown fix part 'no_such_part'; valid parts: block_table_reinit_on_wake, fresh_attn",
         ),
         ({"variant": "buggy", "without": ["moe_align_oob_guard"]}, "use one of"),
         ({"variant": "fixed", "fixes": "none"}, "use one of"),

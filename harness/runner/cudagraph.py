@@ -7,7 +7,9 @@ Semantics both share (tests/test_cudagraph.py pins them on either device):
   contents: persistent buffers must be refreshed in place;
 - tensors allocated during capture keep their storage for every replay.
 All device work goes through a `Launcher`; that is how the CPU emulation records it, and how
-either device reports which kernels a graph holds.
+either device reports which kernels a graph holds. PIECEWISE graphs leave out what is launched
+with `launcher.outside_graph(fn, ...)` (attention): that runs, host code included, at every
+replay between the captured pieces; FULL graphs capture it like everything else.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.fixes import ALL_FIXES, Fix, Variant
+
 
 class CUDAGraphMode(enum.Enum):
     NONE = "none"  # eager
+    PIECEWISE = "piecewise"  # graphs around the attention, which runs eagerly
     FULL = "full"  # the whole forward in one graph
 
 
@@ -37,12 +42,16 @@ def _name(fn: Callable[..., object]) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+Work = Callable[[], object]
+
+
 class Launcher:
     """The one door for device work: runs it, or (CPU capture) records it for replay."""
 
     def __init__(self) -> None:
-        self.recording: list[Callable[[], object]] | None = None
+        self.recording: list[Work] | None = None
         self.names: list[str] | None = None  # names of launches made while capturing
+        self.split: Callable[[Work], None] | None = None  # set while capturing PIECEWISE
 
     def __call__(self, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
         if self.names is not None:
@@ -52,38 +61,77 @@ class Launcher:
         else:
             fn(*args, **kwargs)
 
+    def outside_graph(self, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
+        """Host and device work a PIECEWISE graph leaves out; inline otherwise."""
+        if self.split is None:
+            fn(*args, **kwargs)
+            return
+        if self.names is not None:
+            self.names.append(f"eager {_name(fn)}")
+        self.split(functools.partial(fn, *args, **kwargs))
+
 
 @dataclass
 class Graph:
-    """One captured graph: the CUDA graph (GPU) or the recorded work (CPU), and its launches."""
+    """Captured CUDA graphs (GPU) or recorded work (CPU), with eager steps between PIECEWISE
+    pieces, in replay order; and the names of the launches made while capturing."""
 
-    cuda_graph: torch.cuda.CUDAGraph | None = None
-    recorded: list[Callable[[], object]] = field(default_factory=list)
+    segments: list[torch.cuda.CUDAGraph | Work] = field(default_factory=list)
     launches: list[str] = field(default_factory=list)
 
     def replay(self) -> None:
-        if self.cuda_graph is not None:
-            self.cuda_graph.replay()
-            return
-        for work in self.recorded:
-            work()
+        for segment in self.segments:
+            if isinstance(segment, torch.cuda.CUDAGraph):
+                segment.replay()
+            else:
+                segment()
+
+
+class _CudaPieces:
+    """Manual CUDA-graph capture that can stop around an eager step and start again."""
+
+    def __init__(self, graph: Graph, pool: object | None) -> None:
+        self.graph, self.pool, self.current = graph, pool, None
+
+    def begin(self) -> None:
+        self.current = torch.cuda.CUDAGraph()
+        self.current.capture_begin(pool=self.pool)
+
+    def end(self) -> None:
+        self.current.capture_end()
+        self.graph.segments.append(self.current)
+
+    def split(self, eager: Work) -> None:
+        self.end()
+        self.graph.segments.append(eager)
+        self.begin()
 
 
 @contextlib.contextmanager
-def capturing(launcher: Launcher, device: str, pool: object | None) -> Iterator[Graph]:
+def capturing(
+    launcher: Launcher, device: str, pool: object | None, piecewise: bool = False
+) -> Iterator[Graph]:
     """Capture everything launched inside into a new Graph."""
     graph = Graph()
     launcher.names = graph.launches
     try:
         if device == "cuda":
-            graph.cuda_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph.cuda_graph, pool=pool):
-                yield graph
+            pieces, stream = _CudaPieces(graph, pool), torch.cuda.Stream()
+            torch.cuda.synchronize()
+            with torch.cuda.stream(stream):
+                pieces.begin()
+                launcher.split = pieces.split if piecewise else None
+                try:
+                    yield graph
+                finally:
+                    pieces.end()
+            torch.cuda.current_stream().wait_stream(stream)
         else:
-            launcher.recording = graph.recorded
+            launcher.recording = graph.segments
+            launcher.split = graph.segments.append if piecewise else None
             yield graph
     finally:
-        launcher.recording = launcher.names = None
+        launcher.recording = launcher.names = launcher.split = None
 
 
 ForwardFn = Callable[[CUDAGraphMode], torch.Tensor]
@@ -91,10 +139,10 @@ AttnState = object
 
 
 class CudaGraphManager:
-    """Captures one FULL graph per batch descriptor into a shared pool; replays on dispatch."""
+    """Captures one graph per batch descriptor into a shared pool; replays on dispatch."""
 
-    def __init__(self, device: str, launcher: Launcher) -> None:
-        self.device = device
+    def __init__(self, device: str, launcher: Launcher, fixes: Variant = ALL_FIXES) -> None:
+        self.device, self.fixes = device, fixes
         self.launcher = launcher
         self.pool = torch.cuda.graph_pool_handle() if device == "cuda" else None
         self.graphs: dict[BatchExecutionDescriptor, Graph] = {}
@@ -106,15 +154,20 @@ class CudaGraphManager:
         descs: list[BatchExecutionDescriptor],
         create_forward_fn: Callable[[BatchExecutionDescriptor], tuple[ForwardFn, AttnState]],
     ) -> None:
-        """Per descriptor, largest first: warm up eagerly, then capture."""
+        """Per descriptor, largest first: warm up eagerly, then capture in its mode."""
         for desc in sorted(descs, key=lambda d: -d.num_tokens):
             forward_fn, attn_state = create_forward_fn(desc)
             forward_fn(CUDAGraphMode.NONE)  # warm-up: allocations, lazy init, autotuning
+            if (
+                desc.cg_mode == CUDAGraphMode.FULL
+                and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes
+            ):
+                # fix: fresh_attn_state_for_capture -- lazy attention init must run in the graph.
+                forward_fn, attn_state = create_forward_fn(desc)
             self.captured_attn_states[desc] = attn_state
-            if self.device == "cuda":
-                torch.cuda.synchronize()
-            with capturing(self.launcher, self.device, self.pool) as graph:
-                self.outputs[desc] = forward_fn(CUDAGraphMode.FULL)
+            piecewise = desc.cg_mode == CUDAGraphMode.PIECEWISE
+            with capturing(self.launcher, self.device, self.pool, piecewise) as graph:
+                self.outputs[desc] = forward_fn(desc.cg_mode)
             self.graphs[desc] = graph
 
     def dispatch(self, num_tokens: int) -> BatchExecutionDescriptor | None:

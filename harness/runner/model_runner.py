@@ -61,7 +61,7 @@ class ModelRunner:
         self.lora_manager = LoRAManager(
             LoRAModelManager(config.model.max_loras, config.model.vocab_size, mapping)
         )
-        self.cudagraph_manager = CudaGraphManager(self.device, self.launch)
+        self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes)
 
     @property
     def wrappers(self) -> list[PunicaWrapper] | None:
