@@ -96,6 +96,48 @@ def _reshape_and_cache_kernel(
 
 
 @triton.jit
+def attend_positions(
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row_ptr,
+    lo,
+    hi,
+    h,
+    scale,
+    block_size,
+    HEADS: tl.constexpr,
+    DIM: tl.constexpr,
+    MAX_MODEL_LEN: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    """Online softmax of q (one head) over positions [lo, hi) of one block-table row.
+
+    Returns (running max, denominator, unnormalized output); denominator 0: no live position.
+    """
+    dims = tl.arange(0, DIM)
+    m = tl.full([], float("-inf"), tl.float32)
+    denom = tl.zeros([], tl.float32)
+    acc = tl.zeros([DIM], tl.float32)
+    for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
+        ps = p0 + tl.arange(0, BLOCK_P)
+        live = (ps >= lo) & (ps < hi)
+        block = tl.load(table_row_ptr + ps // block_size, mask=live, other=0).to(tl.int64)
+        kv = ((block * block_size + ps % block_size)[:, None] * HEADS + h) * DIM + dims[None, :]
+        k = tl.load(k_cache_ptr + kv, mask=live[:, None], other=0.0)
+        scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
+        correction = tl.exp(m - safe)
+        weights = tl.exp(scores - safe)
+        v = tl.load(v_cache_ptr + kv, mask=live[:, None], other=0.0)
+        acc = acc * correction + tl.sum(weights[:, None] * v, axis=0)
+        denom = denom * correction + tl.sum(weights, axis=0)
+        m = m_new
+    return m, denom, acc
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
@@ -112,30 +154,24 @@ def _paged_attention_kernel(
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    """One (token, head): online softmax over the token's row, positions 0..pos."""
+    """One (token, head): attention over the token's row, positions 0..pos."""
     t, h = tl.program_id(0), tl.program_id(1)
     row = tl.load(token_rows_ptr + t).to(tl.int64)
-    pos = tl.load(positions_ptr + t)
     dims = tl.arange(0, DIM)
     q = tl.load(q_ptr + (t * HEADS + h) * DIM + dims)
-    m = tl.full([], float("-inf"), tl.float32)
-    denom = tl.zeros([], tl.float32)
-    acc = tl.zeros([DIM], tl.float32)
-    for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
-        ps = p0 + tl.arange(0, BLOCK_P)
-        live = ps <= pos
-        block = tl.load(
-            block_table_ptr + row * table_stride + ps // block_size, mask=live, other=0
-        ).to(tl.int64)
-        slots = block * block_size + ps % block_size
-        kv = (slots[:, None] * HEADS + h) * DIM + dims[None, :]
-        k = tl.load(k_cache_ptr + kv, mask=live[:, None], other=0.0)
-        scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=0))
-        correction = tl.exp(m - m_new)
-        weights = tl.exp(scores - m_new)
-        v = tl.load(v_cache_ptr + kv, mask=live[:, None], other=0.0)
-        acc = acc * correction + tl.sum(weights[:, None] * v, axis=0)
-        denom = denom * correction + tl.sum(weights, axis=0)
-        m = m_new
+    _, denom, acc = attend_positions(
+        q,
+        k_cache_ptr,
+        v_cache_ptr,
+        block_table_ptr + row * table_stride,
+        0,
+        tl.load(positions_ptr + t) + 1,
+        h,
+        scale,
+        block_size,
+        HEADS,
+        DIM,
+        MAX_MODEL_LEN,
+        BLOCK_P,
+    )
     tl.store(out_ptr + (t * HEADS + h) * DIM + dims, acc / denom)

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.paged_attention import attend_positions
+
 BLOCK_P = 16
 
 
@@ -179,27 +181,21 @@ def _split_kv_kernel(
         hi = tl.where(r == last, last_end, tl.load(seq_lens_ptr + r))
         hi = tl.where((r >= first) & (r <= last), hi, 0)  # not this part's request: no keys
         q = tl.load(q_ptr + (r * HEADS + h) * DIM + dims)
-        m = tl.full([], float("-inf"), tl.float32)
-        denom = tl.zeros([], tl.float32)
-        acc = tl.zeros([DIM], tl.float32)
-        for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
-            ps = p0 + tl.arange(0, BLOCK_P)
-            live = (ps >= lo) & (ps < hi)
-            block = tl.load(
-                block_table_ptr + r * table_stride + ps // block_size, mask=live, other=0
-            ).to(tl.int64)
-            slots = block * block_size + ps % block_size
-            kv = (slots[:, None] * HEADS + h) * DIM + dims[None, :]
-            k = tl.load(k_cache_ptr + kv, mask=live[:, None], other=0.0)
-            scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=0))
-            safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
-            correction = tl.exp(m - safe)
-            weights = tl.exp(scores - safe)
-            v = tl.load(v_cache_ptr + kv, mask=live[:, None], other=0.0)
-            acc = acc * correction + tl.sum(weights[:, None] * v, axis=0)
-            denom = denom * correction + tl.sum(weights, axis=0)
-            m = m_new
+        m, denom, acc = attend_positions(
+            q,
+            k_cache_ptr,
+            v_cache_ptr,
+            block_table_ptr + r * table_stride,
+            lo,
+            hi,
+            h,
+            scale,
+            block_size,
+            HEADS,
+            DIM,
+            MAX_MODEL_LEN,
+            BLOCK_P,
+        )
         has_keys = denom > 0
         lse = tl.where(has_keys, m + tl.log(tl.where(has_keys, denom, 1.0)), float("-inf"))
         out = tl.where(has_keys, acc / tl.where(has_keys, denom, 1.0), 0.0)
