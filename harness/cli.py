@@ -425,5 +425,10 @@ COMMANDS = {
 }
 
 
+def run_alone(bug_id: str) -> None:
+    """`python -m repro.<bug> [matrix options]`: its fixed and buggy variants side by side."""
+    main(["matrix", "--bug", bug_id, *sys.argv[1:]])
+
+
 if __name__ == "__main__":
     main()

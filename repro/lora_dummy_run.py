@@ -89,8 +89,6 @@ RECORD = BugRecord(
 
 
 if __name__ == "__main__":
-    import sys
+    from harness.cli import run_alone
 
-    from harness.cli import main
-
-    main(["matrix", "--bug", RECORD.id, *sys.argv[1:]])
+    run_alone(RECORD.id)
