@@ -1,9 +1,14 @@
-"""A scenario child: run one scenario and write a JSON report as the last act.
+"""A scenario child: run one scenario and write a JSON report as its last act.
 
-    python -m harness.child '<spec json>' REPORT_PATH
+Forked by harness.forkserver, or spawned by harness.isolate (`main(request, started)` either
+way). The request: {"spec": {"target", "fixes", "device", "seed"}, "report": PATH,
+"log": PATH, "timeout_s": T}. The device switch happens before torch, Triton or any kernel
+module is imported here; the scenario's own modules are imported only when it runs.
 
-or, forked by harness.forkserver, `execute()` directly. The device switch happens before
-torch, Triton or any kernel module is imported.
+The report's status: "pass", "wrong_result" (an oracle found a divergence), "skipped", or
+"exception" with the exception's origin: "code" (raised in the code under test: kernels/,
+csrc bindings, the miniature runner), "import" (the project does not import), "build" (a
+csrc build failed), or "scenario" (the scenario or the harness itself broke).
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from harness import device as devices
+from harness import lifetime
 from harness.fixes import Fix
 from harness.outcome import Skip, WrongResult
 from harness.record import Context
 
-STARTED = time.monotonic()  # before this: the interpreter and harness imports, a few ms
+ROOT = Path(__file__).resolve().parent.parent
+CODE_UNDER_TEST = ("kernels", "harness/runner")
+PROJECT_DIRS = ("kernels", "harness", "repro", "tests")
 
 
 def _resolve(target: str):
@@ -30,6 +39,26 @@ def _resolve(target: str):
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def origin(error: BaseException) -> tuple[str, str]:
+    """(origin, where): who raised `error`, and the innermost project frame as path:line."""
+    if isinstance(error, (ImportError, SyntaxError)):
+        return "import", ""
+    csrc = sys.modules.get("kernels.csrc")
+    if csrc is not None and isinstance(error, csrc.BuildError):
+        return "build", ""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if not path.is_relative_to(ROOT):
+            continue
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.split("/")[0] not in PROJECT_DIRS:
+            continue  # a virtual environment inside the checkout
+        where = f"{rel}:{frame.lineno} in {frame.name}"
+        under_test = any(rel.startswith(d + "/") for d in CODE_UNDER_TEST)
+        return ("code" if under_test else "scenario"), where
+    return "scenario", ""
 
 
 def run(spec: dict, started: float, timings: dict[str, float]) -> dict:
@@ -53,17 +82,23 @@ def run(spec: dict, started: float, timings: dict[str, float]) -> dict:
         return {"status": "skipped", "detail": str(e)}
     except BaseException as e:  # the parent classifies CUDA errors from the message
         traceback.print_exc()
+        where_from, where = origin(e)
         message = str(e)[:4000] + _sticky_cuda_error(spec["device"])
-        return {"status": "exception", "type": type(e).__name__, "message": message}
+        return {
+            "status": "exception",
+            "type": type(e).__name__,
+            "message": message,
+            "origin": where_from,
+            "where": where,
+        }
 
 
 def _sticky_cuda_error(device: str) -> str:
     """The context's first error, when a later call failed for it (e.g. a device-side assert,
     then cublasCreate reporting CUBLAS_STATUS_INTERNAL_ERROR)."""
-    if device != "cuda":
+    torch = sys.modules.get("torch")
+    if device != "cuda" or torch is None:
         return ""
-    import torch
-
     try:
         torch.cuda.synchronize()
     except Exception as e:
@@ -71,23 +106,42 @@ def _sticky_cuda_error(device: str) -> str:
     return ""
 
 
-def execute(spec: dict, report_path: str, started: float) -> None:
+def prepare_cuda(ctx: Context) -> str:
+    """Not a scenario: build (or load) every csrc extension once, before scenario children
+    race to build them under their own time limits."""
+    from kernels import csrc
+
+    for name in csrc.EXTENSIONS:
+        csrc.load(name)
+    return f"csrc extensions ready in {csrc.cache_dir()}"
+
+
+def main(request: dict, started: float) -> None:
     """Run, write the report atomically, and leave without interpreter teardown."""
+    lifetime.arm_own_time_limit(request["timeout_s"])
+    # Where a hung child stands, in its log just before the parent's time limit.
+    faulthandler.dump_traceback_later(max(request["timeout_s"] - 1.0, 0.5))
+    spec = request["spec"]
     devices.activate(spec["device"])
     faulthandler.enable()
     timings: dict[str, float] = {}
     report = run(spec, started, timings)
+    faulthandler.cancel_dump_traceback_later()
     if "startup_s" in timings:
         timings["scenario_s"] = time.monotonic() - started - timings["startup_s"]
     report["timings"] = timings
-    with open(report_path + ".tmp", "w") as f:
+    path = request["report"]
+    with open(path + ".tmp", "w") as f:
         json.dump(report, f)
-    os.replace(report_path + ".tmp", report_path)
+    os.replace(path + ".tmp", path)
     sys.stdout.flush()
     sys.stderr.flush()
     # NOTE: skip interpreter teardown: after a CUDA fault, context destruction can hang.
     os._exit(0)
 
 
-if __name__ == "__main__":
-    execute(json.loads(sys.argv[1]), sys.argv[2], STARTED)
+def spawned(request_json: str) -> None:
+    """Entry point of a spawned child (`REPRO_ISOLATION=spawn`, under compute-sanitizer)."""
+    started = time.monotonic()
+    lifetime.die_with_parent(os.getppid())
+    main(json.loads(request_json), started)

@@ -1,36 +1,56 @@
-"""Running scenarios in child processes with a time limit, and collecting classified results.
+"""Run scenarios in isolated children, many at once, and lose no run and no process.
 
-Each job is one scenario on one variant and device, in its own child process (a device-side
-assert or illegal address leaves the CUDA context unusable). Children are forked from a
-pre-imported fork server per device (harness.forkserver), which saves the torch import per
-child; `REPRO_ISOLATION=spawn` (and every compute-sanitizer job) starts a fresh interpreter
-instead. A child that crashes, hangs or exits without a report still yields exactly one
-classified result.
+Each job runs in a child process: forked from a fork server per device (harness.forkserver,
+the default), or a fresh interpreter (`REPRO_ISOLATION=spawn`, and always under
+compute-sanitizer). Servers and children import the project from this file's tree (ROOT), never
+from the caller's working directory. One thread drives every child through a selector over the
+servers' sockets and the spawned children's pidfds, so that:
+- a child's time limit kills its whole group (outcome `timeout`); each child also carries its
+  own limit (harness.lifetime), in case nobody is left to enforce this one;
+- children and servers die with this process: a server whose socket closes kills its children,
+  and every child has a parent-death signal;
+- a server that dies is noticed at once and restarted once (its runs in flight run again); one
+  that cannot start fails its runs (`error`, its output as evidence) as soon as it exits;
+- Ctrl-C (KeyboardInterrupt) kills every child's group and every server, then raises
+  Interrupted with a result for every job (`skipped`, "interrupted", for the unfinished).
+Each Isolator keeps its files in one temporary directory, removed at close; directories left by
+a process that was killed are removed by the next Isolator.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
+import itertools
 import json
 import os
-import signal
+import selectors
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import lifetime
 from harness.fixes import Variant
 from harness.outcome import ChildExit, Outcome, classify
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("fork", "spawn")
-SERVER_START_S = 300.0  # preload time allowed to a fork server (imports)
+ENV_ISOLATION = "REPRO_ISOLATION"
+SERVER_START_S = 120.0  # a server's preload (importing torch on a loaded machine)
+FORK_ANSWER_S = 30.0  # a ready server answers a request with the child's pid
+REAP_AFTER_KILL_S = 30.0  # a killed child stuck in the driver: give up on its exit status
 SANITIZER_SLOWDOWN = 10.0  # compute-sanitizer instruments every kernel: scale time limits
+# `python -c`: sys.path[0] would be the working directory; the tree is ROOT, passed as argv[1].
+_BOOT = "import sys; sys.path[:] = [sys.argv[1], *(p for p in sys.path if p)]; "
+SERVER_BOOT = _BOOT + "from harness.forkserver import serve; serve(sys.argv[2], int(sys.argv[3]))"
+CHILD_BOOT = _BOOT + "from harness.child import spawned; spawned(sys.argv[2])"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +64,20 @@ class Job:
     seed: int = 0
     sanitizer: bool = False
 
-    def spec(self) -> dict:
+    @property
+    def limit_s(self) -> float:
+        return self.timeout_s * (SANITIZER_SLOWDOWN if self.sanitizer else 1.0)
+
+    def request(self, directory: Path) -> dict:
+        """What harness.child needs: the spec, where to report and log, the time limit."""
         fixes = sorted(f.value for f in self.fixes)
-        return {"target": self.target, "fixes": fixes, "device": self.device, "seed": self.seed}
+        spec = {"target": self.target, "fixes": fixes, "device": self.device, "seed": self.seed}
+        return {
+            "spec": spec,
+            "report": str(directory / "report.json"),
+            "log": str(directory / "output.log"),
+            "timeout_s": self.limit_s,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,104 +89,129 @@ class Result:
     scenario_seconds: float | None = None  # the scenario alone, as the child measured it
 
 
-class ServerDown(RuntimeError):
-    """The fork server exited or never came up."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM made one) during a batch; `results` has one per job, in order."""
+
+    def __init__(self, results: list[Result]) -> None:
+        super().__init__("interrupted")
+        self.results = results
 
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")  # many children at once; scenarios are tiny
     return env
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
+def _tail(path: Path, lines: int = 12) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
-class _ForkServer:
-    """Client side of one `python -m harness.forkserver DEVICE` process."""
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
-    def __init__(self, device: str) -> None:
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (the server's stderr, open while it runs)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.forkserver", device],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            env=_child_env(),
-        )
-        self.cond = threading.Condition()
-        self.pids: dict[int, int] = {}  # request id -> pid
-        self.codes: dict[int, int] = {}  # pid -> return code
-        self.next_id, self.dead = 0, False
-        threading.Thread(target=self._read, daemon=True).start()
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            message = json.loads(line)
-            with self.cond:
-                if "id" in message:
-                    self.pids[message["id"]] = message["pid"]
-                elif "returncode" in message:
-                    self.codes[message["pid"]] = message["returncode"]
-                self.cond.notify_all()
-        with self.cond:
-            self.dead = True
-            self.cond.notify_all()
+def _run_directory() -> Path:
+    """A fresh directory for this process's files; sweep those whose process is gone."""
+    base = Path(tempfile.gettempdir()) / f"repro-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    for old in base.iterdir():
+        owner = old.name.partition("-")[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
 
-    def _down(self) -> ServerDown:
-        self.log.seek(0)
-        tail = self.log.read().decode(errors="replace").strip().splitlines()[-8:]
-        return ServerDown("fork server is down:\n" + "\n".join(tail))
 
-    def start(self, spec: dict, report: Path, log: Path) -> int:
-        """Fork a child for `spec`; returns its pid."""
-        with self.cond:
-            rid, self.next_id = self.next_id, self.next_id + 1
-            request = {"id": rid, "spec": spec, "report": str(report), "log": str(log)}
-            try:
-                self.proc.stdin.write((json.dumps(request) + "\n").encode())
-                self.proc.stdin.flush()
-            except BrokenPipeError:
-                raise self._down() from None
-            self.cond.wait_for(lambda: rid in self.pids or self.dead, SERVER_START_S)
-            if rid not in self.pids:
-                raise self._down()
-            return self.pids.pop(rid)
+@dataclass(eq=False, slots=True)
+class _Run:
+    """One job in flight."""
 
-    def wait(self, pid: int, timeout: float) -> int | None:
-        """The child's return code, or None if it is still running after `timeout`."""
-        with self.cond:
-            self.cond.wait_for(lambda: pid in self.codes or self.dead, timeout)
-            if pid in self.codes:
-                return self.codes.pop(pid)
-            if self.dead:
-                raise self._down()
-            return None
+    index: int
+    job: Job
+    directory: Path
+    started: float
+    deadline: float  # fork: for the server's answer, then the time limit; spawn: time limit
+    server: _Server | None = None
+    proc: subprocess.Popen | None = None
+    pidfd: int | None = None
+    pid: int | None = None
+    timed_out: bool = False
 
-    def close(self) -> None:
-        with contextlib.suppress(BrokenPipeError):  # a dead server cannot take the flush
-            self.proc.stdin.close()
+
+class _Server:
+    """Client side of one fork server (harness.forkserver), over a socket pair."""
+
+    def __init__(self, device: str, root: Path, log: Path) -> None:
+        self.device, self.log = device, log
+        ours, theirs = socket.socketpair()
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", SERVER_BOOT, str(root), device, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=_child_env(),
+                start_new_session=True,
+            )
+        theirs.close()
+        self.sock, self.buffer = ours, b""
+        self.started, self.ready = time.monotonic(), False
+        self.versions: dict[str, str] = {}
+        self.runs: dict[int, _Run] = {}  # request id -> run
+
+    def send(self, message: dict) -> bool:
+        """False when the server is gone."""
         try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+            self.sock.sendall((json.dumps(message) + "\n").encode())
+        except OSError:
+            return False
+        return True
+
+    def receive(self) -> list[dict] | None:
+        """The complete messages that arrived; None when the server is gone."""
+        try:
+            chunk = self.sock.recv(1 << 16)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return None
+        *lines, self.buffer = (self.buffer + chunk).split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def evidence(self) -> str:
+        return _tail(self.log)
+
+    def stop(self) -> None:
+        """Kill it (its children die with it: parent-death signal) and reap it."""
+        self.proc.kill()
+        self.sock.close()
+        self.proc.wait()
 
 
 class Isolator:
-    """Runs jobs in isolated children; owns the fork servers it starts (use as a context)."""
+    """Runs jobs in isolated children; owns its servers and files (use as a context)."""
 
-    def __init__(self, mode: str | None = None) -> None:
-        self.mode = mode or os.environ.get("REPRO_ISOLATION", "fork")
+    def __init__(self, mode: str | None = None, root: Path = ROOT) -> None:
+        self.mode = mode or os.environ.get(ENV_ISOLATION) or "fork"
         if self.mode not in MODES:
-            raise ValueError(f"isolation mode must be one of {MODES}, got {self.mode!r}")
-        self.servers: dict[str, _ForkServer] = {}
-        self.lock = threading.Lock()
+            raise ValueError(f"isolation mode must be one of {', '.join(MODES)}: {self.mode!r}")
+        self.root, self.directory = root, _run_directory()
+        self.selector = selectors.DefaultSelector()
+        self.servers: dict[str, _Server] = {}
+        self.restarted: set[str] = set()
+        self.broken: dict[str, str] = {}  # device -> why its server cannot serve
+        self.ids = itertools.count()
 
     def __enter__(self) -> Isolator:
         return self
@@ -164,48 +220,30 @@ class Isolator:
         self.close()
 
     def close(self) -> None:
-        with self.lock:
-            for server in self.servers.values():
-                server.close()
-            self.servers.clear()
+        for server in list(self.servers.values()):
+            self._drop(server)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def warm(self, device: str) -> None:
         """Start the device's fork server now, so its imports overlap the caller's work."""
         if self.mode == "fork":
             self._server(device)
 
-    def _server(self, device: str) -> _ForkServer:
-        with self.lock:
-            if device not in self.servers:
-                self.servers[device] = _ForkServer(device)
-            return self.servers[device]
+    def _server(self, device: str) -> _Server:
+        if device not in self.servers:
+            log = self.directory / f"server-{device}-{next(self.ids)}.log"
+            server = self.servers[device] = _Server(device, self.root, log)
+            self.selector.register(server.sock, selectors.EVENT_READ, server)
+        return self.servers[device]
+
+    def _drop(self, server: _Server) -> None:
+        self.selector.unregister(server.sock)
+        server.stop()
+        if self.servers.get(server.device) is server:
+            del self.servers[server.device]
 
     def run(self, job: Job) -> Result:
-        start = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="repro-") as tmp:
-            report, log = Path(tmp) / "report.json", Path(tmp) / "output.log"
-            try:
-                code, timed_out = self._execute(job, report, log)
-            except ServerDown as e:
-                return Result(job, Outcome.ERROR, str(e), time.monotonic() - start)
-            text = log.read_text(errors="replace") if log.exists() else ""
-            child = ChildExit(code, timed_out, _read_report(report), text, job.sanitizer)
-        verdict = classify(child)
-        scenario_s = (child.report or {}).get("timings", {}).get("scenario_s")
-        return Result(job, verdict.outcome, verdict.evidence, time.monotonic() - start, scenario_s)
-
-    def _execute(self, job: Job, report: Path, log: Path) -> tuple[int | None, bool]:
-        """Run the child to its end or its time limit: (return code or None, timed out)."""
-        if self.mode == "spawn" or job.sanitizer:
-            return _spawn(job, report, log)
-        server = self._server(job.device)
-        pid = server.start(job.spec(), report, log)
-        code = server.wait(pid, job.timeout_s)
-        if code is not None:
-            return code, False
-        _kill_group(pid)
-        server.wait(pid, 30.0)
-        return None, True
+        return self.run_all([job])[0]
 
     def run_all(
         self,
@@ -213,40 +251,187 @@ class Isolator:
         workers: int | None = None,
         on_result: Callable[[Result], None] | None = None,
     ) -> list[Result]:
-        """Run jobs concurrently; results in job order, `on_result` sees each as it ends."""
-        jobs = list(jobs)
-        workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
-        results: dict[int, Result] = {}
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(self.run, job): i for i, job in enumerate(jobs)}
-            for future in as_completed(futures):
-                results[futures[future]] = result = future.result()
-                if on_result:
-                    on_result(result)
-        return [results[i] for i in range(len(jobs))]
-
-
-def _spawn(job: Job, report: Path, log: Path) -> tuple[int | None, bool]:
-    cmd = [sys.executable, "-m", "harness.child", json.dumps(job.spec()), str(report)]
-    timeout = job.timeout_s
-    if job.sanitizer:
-        cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", *cmd]
-        timeout *= SANITIZER_SLOWDOWN
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=_child_env(),
-            start_new_session=True,
-        )
+        """Run jobs, at most `workers` at once; results in job order, `on_result` sees each
+        as it ends. Raises Interrupted on Ctrl-C, after killing everything it started."""
+        batch = _Batch(self, list(jobs), max(1, workers or os.cpu_count() or 1), on_result)
         try:
-            return proc.wait(timeout=timeout), False
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            proc.wait()
-            return None, True
+            return batch.run()
+        except KeyboardInterrupt:
+            raise Interrupted(batch.abandon()) from None
+
+
+class _Batch:
+    """The event loop of one run_all call."""
+
+    def __init__(self, iso: Isolator, jobs: list[Job], workers: int, on_result) -> None:
+        self.iso, self.jobs, self.workers, self.on_result = iso, jobs, workers, on_result
+        self.pending = collections.deque(range(len(jobs)))
+        self.running: set[_Run] = set()
+        self.results: dict[int, Result] = {}
+
+    def run(self) -> list[Result]:
+        while self.pending or self.running:
+            while self.pending and len(self.running) < self.workers:
+                self._start(self.pending.popleft())
+            self._wait()
+            self._enforce_deadlines()
+        return [self.results[i] for i in range(len(self.jobs))]
+
+    def abandon(self) -> list[Result]:
+        """Kill everything in flight; a result for every job (unfinished: skipped)."""
+        for run in self.running:
+            if run.pid is not None:
+                lifetime.kill_group(run.pid)
+            if run.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    run.proc.wait(timeout=5)
+        for server in list(self.iso.servers.values()):
+            self.iso._drop(server)
+        started = {run.index for run in self.running}
+        for i, job in enumerate(self.jobs):
+            if i not in self.results:
+                why = "interrupted" if i in started else "interrupted before it started"
+                self.results[i] = Result(job, Outcome.SKIPPED, why, 0.0)
+        return [self.results[i] for i in range(len(self.jobs))]
+
+    # -- starting -------------------------------------------------------------------------------
+
+    def _start(self, index: int) -> None:
+        job, now = self.jobs[index], time.monotonic()
+        directory = self.iso.directory / f"job-{next(self.iso.ids)}"
+        directory.mkdir()
+        run = _Run(index, job, directory, now, now + job.limit_s)
+        if self.iso.mode == "spawn" or job.sanitizer:
+            self._spawn(run)
+            return
+        if job.device in self.iso.broken:
+            self._error(run, self.iso.broken[job.device])
+            return
+        server = self.iso._server(job.device)
+        rid = next(self.iso.ids)
+        run.server, server.runs[rid] = server, run
+        run.deadline = self._answer_deadline(server)
+        self.running.add(run)
+        message = {"id": rid, "root": str(self.iso.root), "request": job.request(directory)}
+        if not server.send(message):
+            self._server_died(server)
+
+    def _answer_deadline(self, server: _Server) -> float:
+        if server.ready:
+            return time.monotonic() + FORK_ANSWER_S
+        return server.started + SERVER_START_S + FORK_ANSWER_S
+
+    def _spawn(self, run: _Run) -> None:
+        request = run.job.request(run.directory)
+        cmd = [sys.executable, "-c", CHILD_BOOT, str(self.iso.root), json.dumps(request)]
+        if run.job.sanitizer:
+            cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", *cmd]
+        parent = os.getpid()
+        with open(request["log"], "wb") as log:
+            run.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_child_env(),
+                start_new_session=True,
+                preexec_fn=lambda: lifetime.die_with_parent(parent),
+            )
+        run.pid, run.pidfd = run.proc.pid, os.pidfd_open(run.proc.pid)
+        self.iso.selector.register(run.pidfd, selectors.EVENT_READ, run)
+        self.running.add(run)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _wait(self) -> None:
+        if not self.running:
+            return
+        timeout = max(0.0, min(r.deadline for r in self.running) - time.monotonic())
+        for key, _ in self.iso.selector.select(timeout):
+            if isinstance(key.data, _Server):
+                self._on_server(key.data)
+            elif key.data in self.running:
+                self._finish(key.data, key.data.proc.wait())
+
+    def _on_server(self, server: _Server) -> None:
+        messages = server.receive()
+        if messages is None:
+            self._server_died(server)
+            return
+        for message in messages:
+            run = server.runs.get(message.get("id"))
+            if message.get("ready"):
+                server.ready, server.versions = True, message["versions"]
+                for waiting in server.runs.values():
+                    waiting.deadline = self._answer_deadline(server)
+            elif run is not None and "pid" in message:
+                run.pid, run.deadline = message["pid"], time.monotonic() + run.job.limit_s
+            elif run is not None and "returncode" in message:
+                del server.runs[message["id"]]
+                self._finish(run, message["returncode"])
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for run in [r for r in self.running if r.deadline <= now]:
+            if run.pid is None:
+                self._server_died(run.server, f"did not answer within {FORK_ANSWER_S:.0f}s")
+            elif not run.timed_out:
+                lifetime.kill_group(run.pid)
+                run.timed_out, run.deadline = True, now + REAP_AFTER_KILL_S
+            else:
+                self._done(run, Outcome.TIMEOUT, "killed at its time limit, then never reaped")
+
+    def _server_died(self, server: _Server, why: str = "exited") -> None:
+        """Restart once if it had been serving (its runs run again); else fail its runs."""
+        if why == "exited":  # its socket closed: the exit status follows at once
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.proc.wait(timeout=2.0)
+        status = server.proc.poll()
+        self.iso._drop(server)
+        if status is not None:
+            why += f" (exit status {status})"
+        runs = list(server.runs.values())
+        for run in runs:
+            self.running.discard(run)
+            if run.pid is not None:
+                lifetime.kill_group(run.pid)
+            shutil.rmtree(run.directory, ignore_errors=True)
+        evidence = f"fork server ({server.device}) {why}:\n{server.evidence()}".strip()
+        if server.ready and server.device not in self.iso.restarted:
+            self.iso.restarted.add(server.device)
+            self.pending.extendleft(reversed([run.index for run in runs]))
+            return
+        self.iso.broken[server.device] = evidence
+        for run in runs:
+            self._error(run, evidence)
+
+    # -- results --------------------------------------------------------------------------------
+
+    def _finish(self, run: _Run, returncode: int) -> None:
+        log, report = run.directory / "output.log", run.directory / "report.json"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        code = None if run.timed_out else returncode
+        child = ChildExit(code, run.timed_out, _read_report(report), text, run.job.sanitizer)
+        verdict = classify(child)
+        scenario_s = (child.report or {}).get("timings", {}).get("scenario_s")
+        self._record(run, Result(run.job, verdict.outcome, verdict.evidence, 0.0, scenario_s))
+
+    def _done(self, run: _Run, outcome: Outcome, evidence: str) -> None:
+        self._record(run, Result(run.job, outcome, evidence, 0.0))
+
+    def _error(self, run: _Run, evidence: str) -> None:
+        self._record(run, Result(run.job, Outcome.ERROR, evidence, 0.0))
+
+    def _record(self, run: _Run, result: Result) -> None:
+        if run.pidfd is not None:
+            self.iso.selector.unregister(run.pidfd)
+            os.close(run.pidfd)
+        self.running.discard(run)
+        shutil.rmtree(run.directory, ignore_errors=True)
+        result = dataclasses.replace(result, seconds=time.monotonic() - run.started)
+        self.results[run.index] = result
+        if self.on_result:
+            self.on_result(result)
 
 
 def _read_report(path: Path) -> dict | None:

@@ -1,35 +1,18 @@
-"""Oracle helpers for scenarios: poisoned allocations, exact comparisons, canary-guarded buffers.
+"""Oracles for scenarios: exact comparisons, canary-guarded buffers, the decoder's reference.
 
-Every helper is deterministic: uninitialized memory is poisoned on purpose (PyTorch fills new
-integer tensors with their maximum and floats with NaN), outputs are prefilled with sentinels,
-and divergences are reported with counts and first positions.
+Test code only: the miniature runner (the code under test) never imports this module. Every
+helper is deterministic: outputs are prefilled with sentinels, and divergences are reported
+with counts and first positions. (Poisoned allocations: harness.runner.poison.)
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from harness.outcome import WrongResult
-
-
-@contextlib.contextmanager
-def poisoned_allocations() -> Iterator[None]:
-    """Inside: torch.empty (Python and C++) returns poison, not allocator leftovers."""
-    # NOTE: set_deterministic_debug_mode, not use_deterministic_algorithms: the latter imports
-    # torch._inductor (seconds per child) and the fill only needs the flag.
-    previous_mode = torch.get_deterministic_debug_mode()
-    previous_fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.set_deterministic_debug_mode("warn")
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    try:
-        yield
-    finally:
-        torch.utils.deterministic.fill_uninitialized_memory = previous_fill
-        torch.set_deterministic_debug_mode(previous_mode)
+from harness.runner.model import TinyLoRADecoder
 
 
 def mismatch(what: str, actual: torch.Tensor, expected: torch.Tensor, show: int = 4) -> str | None:
@@ -90,3 +73,25 @@ class Guarded:
             return None
         rows = [self.rows + r for r in hit.tolist()]
         return f"{what}: canary overwritten in rows {rows} (past its {self.rows} real rows)"
+
+
+def decoder_reference(
+    model: TinyLoRADecoder, token_ids: list[int], slots: list[int]
+) -> torch.Tensor:
+    """The decoder's logits computed densely in float64 on the CPU, without attention; slot -1 =
+    base model. Independent of the runner's kernels and LoRA plumbing."""
+    c = model.config
+    d = lambda t: t.detach().double().cpu()
+    h = d(model.embed)[token_ids]
+    for t, s in enumerate(slots):
+        if s != -1:
+            h[t] += d(model.embed_a)[s * c.vocab_size + token_ids[t]] @ d(model.embed_b[0, s]).T
+    width = c.hidden_size // model.LAYER_SLICES
+    for w, a, b in zip(model.layers, model.lora_a, model.lora_b, strict=True):
+        y = h @ d(w).T
+        for t, s in enumerate(slots):
+            for k in range(model.LAYER_SLICES if s != -1 else 0):
+                delta = c.lora_scale * (h[t] @ d(a[k, s]).T) @ d(b[k, s]).T
+                y[t, k * width : (k + 1) * width] += delta
+        h = y.relu()
+    return h @ d(model.head).T

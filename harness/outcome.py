@@ -1,8 +1,9 @@
 """Outcome classes, and the classifier of a finished child (report, exit status, signal, stderr).
 
 A scenario child writes a JSON report as its last act: status "pass", "wrong_result" (an oracle
-found a divergence), "skipped", or "exception" (type, message). A child that dies first leaves
-no report; then the exit status, the signal and the stderr text decide.
+found a divergence), "skipped", or "exception" (type, message, origin; see harness.child). A
+child that dies first leaves no report; then the exit status, the signal and the stderr text
+decide. The verdict of `repro check` (git bisect run's exit codes) is computed here too.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ class Outcome(enum.Enum):
     CRASH = "crash"
     TIMEOUT = "timeout"
     SANITIZER_ERROR = "sanitizer_error"
-    ERROR = "error"
-    SKIPPED = "skipped"
+    EXCEPTION = "exception"  # a Python exception raised by the code under test
+    ERROR = "error"  # the harness or the scenario broke, or the project does not import
+    SKIPPED = "skipped"  # cannot run here (no GPU, no compiler), or interrupted
 
     @property
     def is_failure(self) -> bool:
-        """The scenario showed the bug (or a crash/hang of the code under test)."""
+        """The scenario ran and the code under test failed (the bug, or a crash/hang of it)."""
         return self not in (Outcome.PASS, Outcome.ERROR, Outcome.SKIPPED)
 
 
@@ -112,6 +114,13 @@ def _fault_report(text: str) -> str:
     return "\n".join([block[0], *frames[:1], *ours[:3]])
 
 
+_NOT_TESTABLE = {
+    "import": "the project does not import",
+    "build": "a build failed",
+    "scenario": "the scenario or the harness broke",
+}
+
+
 def _from_report(report: dict) -> Classified:
     status = report.get("status")
     if status == "pass":
@@ -121,12 +130,22 @@ def _from_report(report: dict) -> Classified:
     if status == "skipped":
         return Classified(Outcome.SKIPPED, report.get("detail", ""))
     message = f"{report.get('type', '?')}: {report.get('message', '')}"
-    return Classified(_gpu_error(message) or Outcome.ERROR, message)
+    if report.get("where"):
+        message += f"\nraised at {report['where']}"
+    gpu = _gpu_error(message)
+    if gpu is not None:
+        return Classified(gpu, message)
+    origin = report.get("origin", "scenario")
+    if origin == "code":
+        return Classified(Outcome.EXCEPTION, message)
+    return Classified(Outcome.ERROR, f"{_NOT_TESTABLE.get(origin, origin)}: {message}")
 
 
 def _from_exit(code: int, stderr: str) -> Classified:
     if code < 0:
         sig = signal.Signals(-code)
+        if sig == signal.SIGALRM:  # harness.lifetime: the child's own time limit
+            return Classified(Outcome.TIMEOUT, f"killed by its own time limit\n{_tail(stderr)}")
         if sig in _HOST_FAULTS:
             return Classified(
                 Outcome.ILLEGAL_ADDRESS,
@@ -160,13 +179,17 @@ def classify(child: ChildExit) -> Classified:
 
 # git bisect run: 0 good, 1 bad, 125 skip (cannot test), 2 usage error; never >= 128.
 EXIT_ABSENT, EXIT_PRESENT, EXIT_USAGE, EXIT_CANNOT_TEST = 0, 1, 2, 125
+EXIT_INTERRUPTED = 130  # matrix only; run and check say 125
 
 
-def exit_code(outcomes: Iterable[Outcome]) -> int:
-    """Bug present if any scenario failed; cannot test if any errored or skipped; else absent."""
+def exit_code(outcomes: Iterable[Outcome], counted: Iterable[bool] | None = None) -> int:
+    """1 if a counted scenario failed; else 125 if any failed, errored or was skipped (or none
+    ran); else 0. `counted[i]` (default: all) says whether scenario i's failure shows the bug:
+    confirmed by a second run, and under --symptom of a documented class."""
     outcomes = list(outcomes)
-    if any(o.is_failure for o in outcomes):
+    counted = [True] * len(outcomes) if counted is None else list(counted)
+    if any(o.is_failure and c for o, c in zip(outcomes, counted, strict=True)):
         return EXIT_PRESENT
-    if not outcomes or any(o in (Outcome.ERROR, Outcome.SKIPPED) for o in outcomes):
+    if not outcomes or any(o != Outcome.PASS for o in outcomes):
         return EXIT_CANNOT_TEST
     return EXIT_ABSENT

@@ -1,13 +1,19 @@
 """Bug records and scenarios as data (Defects4J-style): what each bug is and what it must show.
 
+A record is importable without torch: the CLI reads records to check its arguments in a few
+milliseconds. A bug's scenario functions live in its package's `scenarios` module (imported only
+by the child that runs one), each named as its scenario; its docstring is the scenario's report.
+
 A scenario's expectations are ordered rules: the first rule one of whose fix parts is missing
 from the variant decides the outcome; when no rule fires the scenario must pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import ast
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.fixes import ALL_FIXES, Fix, Variant
 from harness.outcome import ByDevice, Outcome
@@ -33,25 +39,22 @@ class Expect:
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
+    """Function `name` of the bug's scenarios module: (Context) -> one-line summary, raising
+    WrongResult on a divergence."""
+
     name: str
-    fn: Callable[[Context], str]  # returns a one-line summary; raises WrongResult on divergence
     expects: tuple[Expect, ...]
     timeout_s: float = 120.0
-
-    @property
-    def target(self) -> str:
-        """Importable name of the scenario function, for the child."""
-        return f"{self.fn.__module__}:{self.fn.__qualname__}"
-
-    @property
-    def doc(self) -> str:
-        return (self.fn.__doc__ or "").strip()
 
     def expected(self, fixes: Variant, device: str) -> Outcome:
         for rule in self.expects:
             if rule.missing - fixes:
                 return rule.outcome.on(device)
         return Outcome.PASS
+
+    def documented(self, device: str) -> frozenset[Outcome]:
+        """The failure classes this scenario's record names on `device` (for --symptom)."""
+        return frozenset(r.outcome.on(device) for r in self.expects) - {Outcome.PASS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,7 @@ class BugRecord:
     fix_parts: tuple[Fix, ...]
     buggy_outcome: ByDevice  # the headline failure upstream users saw
     scenarios: tuple[Scenario, ...]
+    package: str  # the record's package; its scenario functions are in PACKAGE.scenarios
     history: str = ""
 
     @property
@@ -76,3 +80,21 @@ class BugRecord:
             if s.name == name:
                 return s
         raise KeyError(name)
+
+    def target(self, scenario: Scenario) -> str:
+        """Importable name of the scenario function, for the child."""
+        return f"{self.package}.scenarios:{scenario.name}"
+
+    def docs(self) -> dict[str, str]:
+        """Scenario docstrings, read from the source without importing it (no torch)."""
+        path = Path(sys.modules[self.package].__file__).with_name("scenarios.py")
+        try:
+            tree = ast.parse(path.read_text(), str(path))
+        except (OSError, SyntaxError) as e:
+            return {s.name: f"(cannot read {path.name}: {e})" for s in self.scenarios}
+        found = {
+            node.name: (ast.get_docstring(node) or "").strip()
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef)
+        }
+        return {s.name: found.get(s.name, "(no such function)") for s in self.scenarios}

@@ -24,7 +24,11 @@ EXTENSIONS: dict[str, tuple[str, ...]] = {
 DRIVER_API = {"cumem_allocator"}  # link libcuda (the driver's virtual memory API)
 
 
-class BuildUnavailable(RuntimeError):
+class BuildError(RuntimeError):
+    """An extension failed to build: the tree cannot be tested here (not a failure of it)."""
+
+
+class BuildUnavailable(BuildError):
     """The extension cannot be built here (no CUDA torch, no nvcc)."""
 
 
@@ -82,16 +86,19 @@ def load(name: str, verbose: bool = False) -> ModuleType:
     build.mkdir(parents=True, exist_ok=True)
     stubs = Path(cpp_extension.CUDA_HOME) / "lib64" / "stubs"
     driver = [f"-L{stubs}", "-lcuda"] if name in DRIVER_API else []
-    module = cpp_extension.load(
-        name=f"repro_{name}",
-        sources=[str(CSRC / s) for s in EXTENSIONS[name]],
-        extra_include_paths=[str(CSRC)],
-        extra_cflags=["-O2"],
-        extra_cuda_cflags=["-O2", "-lineinfo"],
-        extra_ldflags=driver,
-        with_cuda=True,
-        build_directory=str(build),
-        verbose=verbose,
-    )
+    try:
+        module = cpp_extension.load(
+            name=f"repro_{name}",
+            sources=[str(CSRC / s) for s in EXTENSIONS[name]],
+            extra_include_paths=[str(CSRC)],
+            extra_cflags=["-O2"],
+            extra_cuda_cflags=["-O2", "-lineinfo"],
+            extra_ldflags=driver,
+            with_cuda=True,
+            build_directory=str(build),
+            verbose=verbose,
+        )
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        raise BuildError(f"building csrc extension {name} failed: {e}") from e
     os.utime(module.__file__)  # fresh now, even where ninja found nothing to rebuild
     return module

@@ -62,3 +62,22 @@ def cuda_assert_then_cublas(ctx: Context) -> str:
     torch.mm(table, table)
     torch.cuda.synchronize()
     return "unreachable"
+
+
+def raises_in_code_under_test(ctx: Context) -> str:
+    """A ValueError from the runner's LoRA mapping code (id 5 is not an active adapter)."""
+    from harness.runner.lora import LoRAMapping, convert_mapping
+
+    convert_mapping(LoRAMapping((5,), (5,)), [None, 1], 64)
+    return "unreachable"
+
+
+def imports_a_missing_module(ctx: Context) -> str:
+    import kernels.no_such_kernel  # noqa: F401
+
+    return "unreachable"
+
+
+def sleeps_then_passes(ctx: Context) -> str:
+    time.sleep(3)
+    return "slept 3s"

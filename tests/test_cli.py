@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
 from harness import device as devices
-from harness.cli import main
+from repro.commands import dispatch
 from repro.registry import BUGS
 
 
 def repro(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as stop:
-        main(list(argv))
+    """The command in this process (the entry point's signal handling: tests/test_faults.py)."""
+    code = dispatch(list(argv))
     out = capsys.readouterr()
-    return stop.value.code, out.out, out.err
+    return code, out.out, out.err
 
 
 def test_list_shows_every_bug(capsys) -> None:
@@ -48,31 +50,92 @@ def test_info_shows_the_record(capsys) -> None:
         assert text in out
 
 
+# The entry point in a fresh interpreter; at exit it says whether torch was imported.
+PROBE = """
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+try:
+    from repro.cli import main
+    main(sys.argv[1:])
+finally:
+    print("torch imported:", "torch" in sys.modules, file=sys.stderr)
+"""
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def entry_point(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, ROOT, *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "env", "message"),
     [
         (
             ["info", "no_such_bug"],
+            {},
             "unknown bug id 'no_such_bug'; valid ids: block_table_wake, lazy_attn_state, moe",
         ),
-        (["check", "no_such_bug"], "unknown bug id"),
-        (["run", "moe_align_grid", "--without", "nope"], "unknown fix part 'nope'; valid parts:"),
+        (["check", "no_such_bug"], {}, "unknown bug id"),
+        (["matrix", "--bug", "no_such_bug"], {}, "unknown bug id"),
+        (["run", "moe_align_grid", "--without", "nope"], {}, "unknown fix part 'nope'; valid"),
+        (
+            ["check", "moe_align_grid", "--without", "lora_dummy_mapping"],
+            {},
+            "--without lora_dummy_mapping: a fix part of lora_dummy_run, not of moe_align_grid",
+        ),
         (
             ["check", "moe_align_grid", "--variant", "buggy", "--without", "moe_align_oob_guard"],
+            {},
             "use one of",
         ),
-        (["run", "moe_align_grid", "--scenario", "nope"], "has no scenario 'nope'; scenarios:"),
-        (["check", "moe_align_grid", "--device", "tpu"], "device must be one of"),
-        (["check", "moe_align_grid", "--variant", "broken"], "invalid choice"),
-        (["frobnicate"], "invalid choice"),
-        (["run", "moe_align_grid", "--device", "cpu", "--sanitizer"], "needs --device cuda"),
-        ([], "required"),
+        (["run", "moe_align_grid", "--scenario", "nope"], {}, "has no scenario 'nope'; scenarios:"),
+        (["check", "moe_align_grid", "--device", "tpu"], {}, "--device must be one of"),
+        (["matrix", "--device", "tpu"], {}, "--device must be one of"),
+        (["check", "moe_align_grid", "--variant", "broken"], {}, "invalid choice"),
+        (["frobnicate"], {}, "invalid choice"),
+        (["check", "moe_align_grid", "--device", "cpu", "--sanitizer"], {}, "needs --device cuda"),
+        ([], {}, "required"),
+        (["matrix", "--jobs", "0"], {}, "--jobs must be at least 1, got 0"),
+        (["matrix", "--jobs", "-3"], {}, "--jobs must be at least 1, got -3"),
+        (["matrix", "--repeat", "0"], {}, "--repeat must be at least 1"),
+        (["matrix", "--json", "/no/such/dir/m.json"], {}, "--json /no/such/dir/m.json: cannot"),
+        (["matrix", "--junit", "/tmp"], {}, "--junit /tmp: is a directory"),
+        (["check", "moe_align_grid"], {"REPRO_ISOLATION": "garbage"}, "$REPRO_ISOLATION must"),
+        (["check", "moe_align_grid"], {"REPRO_DEVICE": "tpu"}, "$REPRO_DEVICE must be one of"),
+        (["matrix"], {"REPRO_DEVICE": "tpu"}, "$REPRO_DEVICE must be one of"),
+        (["list"], {"REPRO_CACHE_DIR": "/etc/hostname"}, "$REPRO_CACHE_DIR must name a directory"),
     ],
 )
-def test_bad_input_exits_2_with_a_clear_message(capsys, argv, message) -> None:
-    code, _, err = repro(capsys, *argv)
-    assert code == 2
-    assert message in err
+def test_usage_error_exits_2_with_one_line_and_no_torch(argv, env, message) -> None:
+    done = entry_point(*argv, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert lines == [
+        f"repro: error: {lines[0].removeprefix('repro: error: ')}",
+        "torch imported: False",
+    ]
+    assert message in lines[0]
+    assert done.stdout == ""
+
+
+def test_list_and_info_never_import_torch() -> None:
+    for argv in (["list"], ["info", "lazy_attn_state"], ["check", "--help"]):
+        done = entry_point(*argv)
+        assert done.returncode == 0, done.stderr
+        assert "torch imported: False" in done.stderr
+
+
+def test_check_help_states_the_exit_code_contract() -> None:
+    out = entry_point("check", "--help").stdout
+    for line in ("0    every selected scenario ran and passed", "125  cannot test", "flaky"):
+        assert line in out
+    assert "never 128 or more" in out
 
 
 @pytest.mark.skipif(devices.cuda_available(), reason="this machine has a GPU")
@@ -145,9 +208,10 @@ def test_matrix_writes_json_and_junit(capsys, device, tmp_path) -> None:
     assert suite.get("tests") == "8" and suite.get("failures") == "0"
 
 
-def test_module_entry_point() -> None:
+@pytest.mark.parametrize("module", ["repro", "repro.cli"])
+def test_module_entry_point(module) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "list"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", module, "list"], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0 and "moe_align_grid" in done.stdout
 

@@ -19,6 +19,7 @@ from harness import device as devices
     ],
 )
 def test_worker_gets_one_gpu_of_the_callers_list(monkeypatch, visible, worker, pinned) -> None:
+    monkeypatch.setattr(devices, "_machine_gpus", lambda: [str(i) for i in range(8)])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert devices.pin_xdist_worker(worker) == pinned
     assert os.environ["CUDA_VISIBLE_DEVICES"] == pinned

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.oracle import Guarded, expect_all, mismatch, poisoned_allocations
+from harness.oracle import Guarded, expect_all, mismatch
 from harness.outcome import WrongResult
+from harness.runner.poison import poisoned_allocations
 
 
 def test_poisoned_allocations_fill_and_restore(device: str) -> None:

@@ -64,6 +64,22 @@ def exited(code: int | None, report: dict | None = None, stderr: str = "", **kw)
             Outcome.ERROR,
         ),
         (
+            exited(0, {"status": "exception", "type": "ValueError", "origin": "code"}),
+            Outcome.EXCEPTION,
+        ),
+        (
+            exited(0, {"status": "exception", "type": "SyntaxError", "origin": "import"}),
+            Outcome.ERROR,
+        ),
+        (
+            exited(0, {"status": "exception", "type": "BuildError", "origin": "build"}),
+            Outcome.ERROR,
+        ),
+        (
+            exited(0, {"status": "exception", "type": "KeyError", "origin": "scenario"}),
+            Outcome.ERROR,
+        ),
+        (
             exited(
                 0,
                 {
@@ -85,6 +101,7 @@ def exited(code: int | None, report: dict | None = None, stderr: str = "", **kw)
         (exited(-signal.SIGBUS), Outcome.ILLEGAL_ADDRESS),
         (exited(-signal.SIGABRT), Outcome.CRASH),
         (exited(-signal.SIGKILL), Outcome.CRASH),
+        (exited(-signal.SIGALRM), Outcome.TIMEOUT),  # the child's own time limit
         (exited(None), Outcome.TIMEOUT),
         (exited(1, None, "Traceback...\nImportError: no module"), Outcome.ERROR),
         (exited(1, None, "/k.cu:12: Assertion `idx < n` failed."), Outcome.DEVICE_ASSERT),
@@ -120,3 +137,33 @@ def test_classify(child: ChildExit, outcome: Outcome) -> None:
 def test_exit_code_for_bisect(outcomes: list[Outcome], code: int) -> None:
     assert exit_code(outcomes) == code
     assert 0 <= code < 128
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "counted", "code"),
+    [
+        ([Outcome.EXCEPTION], [True], 1),
+        ([Outcome.CRASH], [False], 125),  # flaky, or not the documented symptom
+        ([Outcome.CRASH, Outcome.WRONG_RESULT], [False, True], 1),
+        ([Outcome.ERROR, Outcome.WRONG_RESULT], [True, True], 1),
+        ([Outcome.PASS, Outcome.PASS], [False, False], 0),
+    ],
+)
+def test_only_counted_failures_are_present(outcomes, counted, code) -> None:
+    assert exit_code(outcomes, counted) == code
+
+
+def test_exception_messages_say_where_and_why() -> None:
+    report = {
+        "status": "exception",
+        "type": "ValueError",
+        "message": "LoRA id 0 is not active",
+        "origin": "code",
+        "where": "harness/runner/lora.py:38 in slot",
+    }
+    evidence = classify(exited(0, report)).evidence
+    assert evidence == (
+        "ValueError: LoRA id 0 is not active\nraised at harness/runner/lora.py:38 in slot"
+    )
+    report.update(origin="import", type="SyntaxError")
+    assert classify(exited(0, report)).evidence.startswith("the project does not import:")

@@ -55,7 +55,7 @@ def isolator(device: str):
 def test_scenario_shows_expected_outcome(device, isolator, bug, scenario, fixes) -> None:
     expected = scenario.expected(fixes, device)
     result = isolator.run(
-        Job(bug.id, scenario.name, scenario.target, fixes, device, scenario.timeout_s)
+        Job(bug.id, scenario.name, bug.target(scenario), fixes, device, scenario.timeout_s)
     )
     assert result.outcome == expected, (
         f"{bug.id}/{scenario.name} [{describe(fixes, bug.fix_parts)}, {device}]: "

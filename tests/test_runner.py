@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from harness.fixes import ALL_FIXES, Fix
+from harness.oracle import decoder_reference
 from harness.runner.input_batch import InputBuffers, Request
 from harness.runner.lora import LoRAKernelMeta, LoRAMapping, LoRAModelManager, convert_mapping
 from harness.runner.model_runner import ModelRunner, RunnerConfig
@@ -86,9 +87,9 @@ def test_eager_forward_matches_reference_and_lora_changes_it(device) -> None:
     requests = [Request("a", (1, 2, 3), 4), Request("b", (5, 6), 0), Request("c", (63,), 4)]
     logits = runner.execute_model(requests, use_cudagraph=False).double().cpu()
     tokens, slots = [1, 2, 3, 5, 6, 63], [slot, slot, slot, -1, -1, slot]
-    expected = runner.model.reference(tokens, slots)
+    expected = decoder_reference(runner.model, tokens, slots)
     assert torch.equal(logits, expected), (logits - expected).abs().max()
-    assert not torch.equal(expected, runner.model.reference(tokens, [-1] * 6))
+    assert not torch.equal(expected, decoder_reference(runner.model, tokens, [-1] * 6))
 
 
 def test_input_buffers_keep_addresses_and_reject_overflow(device) -> None:

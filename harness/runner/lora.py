@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.oracle import poisoned_allocations
+from harness.runner.poison import poisoned_allocations
 from kernels.lora_ops import KernelMeta, Launch, lora_expand, lora_shrink
 
 

@@ -1,4 +1,4 @@
-"""A tiny seeded decoder with LoRA on its embedding and its layers, and a dense reference.
+"""A tiny seeded decoder with LoRA on its embedding and its layers.
 
 embed (+ LoRA: gather A rows at input_ids + embeddings_indices[1][:n], then expand)
 -> num_layers x [attention, when the step has a KV cache] relu(h @ W.T + LoRA)
@@ -7,7 +7,8 @@ projection): slice s adds scale * (h @ A[s].T) @ B[s].T to its half of the colum
 Attention (layer i uses KV-cache group i): q, k, v projections, K/V written through the slot
 mapping, paged causal attention through the block table, h += o @ Wo.T.
 Without attention, weights and adapters are small integers: every result is exact in float32
-and replay, eager and reference compare with ==. All device work goes through `launch`.
+and replay, eager and the dense reference (harness.oracle) compare with ==. All device work
+goes through `launch`.
 """
 
 from __future__ import annotations
@@ -169,24 +170,6 @@ class TinyLoRADecoder:
         out = torch.empty(n, c.hidden_size, device=self.device)
         launch(torch.addmm, h, o.view(n, c.hidden_size), wo.T, out=out)
         return out
-
-    def reference(self, token_ids: list[int], slots: list[int]) -> torch.Tensor:
-        """Dense float64 logits on the CPU, without attention; slot -1 = base model."""
-        c = self.config
-        d = lambda t: t.detach().double().cpu()
-        h = d(self.embed)[token_ids]
-        for t, s in enumerate(slots):
-            if s != -1:
-                h[t] += d(self.embed_a)[s * c.vocab_size + token_ids[t]] @ d(self.embed_b[0, s]).T
-        width = c.hidden_size // self.LAYER_SLICES
-        for w, a, b in zip(self.layers, self.lora_a, self.lora_b, strict=True):
-            y = h @ d(w).T
-            for t, s in enumerate(slots):
-                for k in range(self.LAYER_SLICES if s != -1 else 0):
-                    delta = c.lora_scale * (h[t] @ d(a[k, s]).T) @ d(b[k, s]).T
-                    y[t, k * width : (k + 1) * width] += delta
-            h = y.relu()
-        return h @ d(self.head).T
 
 
 def _embed_base(input_ids, weight, h) -> None:

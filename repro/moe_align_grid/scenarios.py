@@ -1,10 +1,6 @@
-"""moe_align_grid (vLLM #40131): MoE-LoRA align kernels launched one slot short.
+"""Scenarios of moe_align_grid (vLLM #40131): each function's docstring is its bug report.
 
-`active_lora_ids` has max_loras + 1 entries and -1 (base model) sorts first, but the three align
-kernels launched max_loras slots: with a mixed base + LoRA batch and max_loras equal to the
-active LoRA count, the last real LoRA slot is never processed. Its rows of sorted_token_ids,
-expert_ids and num_tokens_post_pad stay uninitialized and the fused MoE-LoRA kernel reads
-garbage: an illegal address. Run alone: `python -m repro.moe_align_grid [--device cpu|cuda]`.
+The record (fix parts, expected outcomes) is in the package; see its docstring.
 """
 
 from __future__ import annotations
@@ -13,10 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.fixes import Fix
-from harness.oracle import Guarded, expect_all, mismatch, poisoned_allocations
-from harness.outcome import ByDevice, Outcome
-from harness.record import BugRecord, Context, Expect, Scenario
+from harness.oracle import Guarded, expect_all, mismatch
+from harness.record import Context
+from harness.runner.poison import poisoned_allocations
 from kernels.fused_moe_lora import fused_moe_lora_shrink, fused_moe_lora_shrink_reference
 from kernels.moe_lora_align import (
     AlignFixes,
@@ -26,10 +21,8 @@ from kernels.moe_lora_align import (
     moe_lora_align_reference,
     processed_lora_ids,
 )
+from repro.moe_align_grid import GRID, GUARD, SORT_CHECK
 
-GRID = Fix.MOE_ALIGN_GRID_PLUS_ONE
-GUARD = Fix.MOE_ALIGN_OOB_GUARD
-SORT_CHECK = Fix.MOE_ALIGN_SORT_ADAPTER_CHECK
 SENTINELS = (-2, -7, -13)  # prefill of sorted_token_ids, expert_ids, num_tokens_post_pad
 NUM_EXPERTS, BLOCK_SIZE, TOP_K = 8, 16, 2
 SMALL_TOKENS, LARGE_TOKENS = 7, 613  # numel 14 (small-batch kernel), 1226 (align + sort)
@@ -241,47 +234,3 @@ def disabled_adapter(ctx: Context) -> str:
         run_align(ctx, batch, outputs)
     expect_all(align_problems("large path, lora 0 disabled:", batch, outputs, prefill))
     return "disabled lora 0 rows untouched; lora 1 rows match"
-
-
-WRONG = ByDevice.both(Outcome.WRONG_RESULT)
-ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)  # CPU: the interpreter's wild read, SIGSEGV
-
-RECORD = BugRecord(
-    id="moe_align_grid",
-    title="MoE-LoRA align kernels launched one slot short",
-    upstream="https://github.com/vllm-project/vllm/pull/40131",
-    symptom="cudaErrorIllegalAddress in the fused MoE-LoRA kernel on mixed base + LoRA batches",
-    root_cause=(
-        "active_lora_ids has max_loras + 1 entries (-1 first) but the three align kernels "
-        "launched max_loras slots; the last LoRA's align outputs stay uninitialized"
-    ),
-    trigger="mixed base + LoRA batch with max_loras equal to the number of active LoRAs",
-    fix_parts=(GRID, GUARD, SORT_CHECK),
-    buggy_outcome=ILLEGAL,
-    scenarios=(
-        Scenario("last_slot_rows", last_slot_rows, (Expect(frozenset({GRID}), WRONG),)),
-        Scenario("consumer_poisoned", consumer_poisoned, (Expect(frozenset({GRID}), ILLEGAL),)),
-        Scenario(
-            "oob_lora_id",
-            oob_lora_id,
-            (
-                Expect(
-                    frozenset({GRID}),
-                    ByDevice.both(Outcome.PASS),
-                    why="without the grid fix the stray slot is never launched",
-                ),
-                Expect(frozenset({GUARD}), WRONG),
-            ),
-        ),
-        Scenario(
-            "disabled_adapter", disabled_adapter, (Expect(frozenset({SORT_CHECK, GRID}), WRONG),)
-        ),
-    ),
-    history="Triton twin of the same off-by-one: vLLM #32277 (fused_moe_lora launch grid).",
-)
-
-
-if __name__ == "__main__":
-    from harness.cli import run_alone
-
-    run_alone(RECORD.id)

@@ -1,0 +1,5 @@
+"""`python -m repro`: the repro command."""
+
+from repro.cli import main
+
+main()

@@ -1,0 +1,49 @@
+"""Scenarios of block_table_wake (vLLM #40648): each function's docstring is its bug report.
+
+The record (fix parts, expected outcomes) is in the package; see its docstring.
+"""
+
+from __future__ import annotations
+
+from harness.oracle import expect_all
+from harness.record import Context
+from harness.runner.model_runner import RunnerConfig
+from harness.runner.worker import Worker
+
+PROMPTS = ([1, 2, 3, 4, 5], [7], [9, 8, 7, 6, 5, 4, 3, 2, 1, 60, 61])
+NEW_TOKENS = 3
+CYCLES = (
+    ("sleep(1) -> wake_up()", 1, (None,)),
+    ("sleep(1) -> wake_up([weights]) -> wake_up([kv_cache])", 1, (["weights"], ["kv_cache"])),
+    ("sleep(2) -> wake_up()", 2, (None,)),
+)
+
+
+def generate_sleep_wake_generate(ctx: Context) -> str:
+    """Generate, then for each cycle: sleep, wake, generate again; tokens must not change.
+
+    Cycles: sleep(1) -> wake_up(); sleep(1) -> wake_up(["weights"]) -> wake_up(["kv_cache"]);
+    sleep(2) -> wake_up() (weights reloaded). Block-table data_ptr()s must be unchanged across
+    every wake. Fixed: identical generations. Buggy: the block-table gather loads a discarded
+    pointer (0xFFFF...): illegal address on the GPU; on the CPU the interpreter's wild read
+    kills the child with SIGSEGV.
+    """
+    worker = Worker(RunnerConfig(ctx.device, ctx.fixes, enable_lora=False, max_model_len=32))
+    runner = worker.model_runner
+    expected = runner.generate([list(p) for p in PROMPTS], NEW_TOKENS)
+    tables = runner.kv_cache.block_tables.block_tables
+    addresses = [t.data_ptr() for t in tables]
+    problems = []
+    for label, level, wakes in CYCLES:
+        worker.sleep(level)
+        for tags in wakes:
+            worker.wake_up(tags)
+        if [t.data_ptr() for t in tables] != addresses:
+            problems.append(
+                f"{label}: block tables moved: {addresses} -> {[t.data_ptr() for t in tables]}"
+            )
+        got = runner.generate([list(p) for p in PROMPTS], NEW_TOKENS)
+        if got != expected:
+            problems.append(f"{label}: generated {got}, before sleeping {expected}")
+    expect_all(problems)
+    return f"{len(CYCLES)} sleep/wake cycles: identical tokens {expected}, tables in place"

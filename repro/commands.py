@@ -1,0 +1,404 @@
+"""The `repro` subcommands: list, info, run, check, matrix (in repro.matrix).
+
+Every argument and environment variable is checked before anything heavy starts (no torch in
+this process, ever: the fork server and the children import it). Exit codes of check (and run,
+without the confirming run) are git bisect run's; see CHECK_EPILOG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import device as devices
+from harness.fixes import ALL_FIXES, UsageError, Variant, describe, parse_fix, select_variant
+from harness.isolate import ENV_ISOLATION, MODES, Interrupted, Isolator, Job, Result
+from harness.outcome import (
+    EXIT_CANNOT_TEST,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    Outcome,
+    exit_code,
+)
+from harness.record import BugRecord
+from repro import registry
+
+CHECK_EPILOG = """\
+exit codes (git bisect run):
+  0    every selected scenario ran and passed: the bug is absent
+  1    a scenario ran and failed (wrong_result, device_assert, illegal_address, crash,
+       timeout, sanitizer_error, exception: a Python exception raised by the code under
+       test), and a second run showed the same class: the bug is present
+  125  cannot test: the project does not import, a build failed, the harness or a scenario
+       broke (error), no device, bad environment, interrupted, or the failure did not
+       reproduce (flaky); with --symptom, also a failure of another class than the
+       scenario's documented one
+  2    usage error, found before anything heavy starts
+  never 128 or more"""
+BUILD_TIMEOUT_S = 900.0  # the first csrc build takes about a minute; a loaded machine, more
+EVIDENCE_LINES = 6
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep our wording
+        raise UsageError(message)
+
+
+def _variant_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bug", help="bug id (repro list)")
+    p.add_argument("--variant", choices=("fixed", "buggy"), help="default: fixed (all fixes on)")
+    p.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="PART",
+        help="switch one of the bug's fix parts off (repeatable)",
+    )
+    p.add_argument("--fixes", metavar="none", help="'none': every fix part of every bug off")
+    p.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
+    p.add_argument("--scenario", action="append", default=[], help="only this scenario")
+    p.add_argument("--sanitizer", action="store_true", help="run children under compute-sanitizer")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="repro", description="Reproducers for GPU inference-engine bugs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("list", help="table of registered bugs")
+    sub.add_parser("info", help="the full record of one bug").add_argument("bug")
+    run = sub.add_parser(
+        "run",
+        help="run a bug's scenarios once, print outcomes and evidence",
+        description="Run once; exit codes as check's, without the confirming run.",
+    )
+    _variant_options(run)
+    run.add_argument("--json", action="store_true", help="print results as JSON")
+    check = sub.add_parser(
+        "check",
+        help="bisect-friendly verdict: exit 0 absent, 1 present, 125 cannot test",
+        description="Is the bug present in this tree? Failures are confirmed by a second run.",
+        epilog=CHECK_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _variant_options(check)
+    check.add_argument(
+        "--symptom",
+        action="store_true",
+        help="count only the failure classes the record documents; other failures exit 125",
+    )
+    check.add_argument(
+        "--no-confirm", action="store_true", help="exit 1 on a first failure, without a rerun"
+    )
+    from repro import matrix
+
+    matrix.add_parser(sub)
+    return parser
+
+
+def dispatch(argv: Sequence[str]) -> int:
+    """Parse, check and run one command; its exit code (usage errors: 2)."""
+    command = None
+    try:
+        args = build_parser().parse_args(argv)
+        command = args.command
+        check_environment()
+        return COMMANDS[command](args)
+    except UsageError as e:
+        print(f"repro: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("repro: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED if command == "matrix" else EXIT_CANNOT_TEST
+
+
+def check_environment() -> None:
+    """Every environment variable the tool reads, valid or a usage error."""
+    if os.environ.get(ENV_ISOLATION, "fork") not in MODES:
+        raise UsageError(
+            f"${ENV_ISOLATION} must be one of {', '.join(MODES)}, got {os.environ[ENV_ISOLATION]!r}"
+        )
+    try:
+        devices.check_choice(None)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    cache = os.environ.get("REPRO_CACHE_DIR")
+    if cache is not None and (not cache or (Path(cache).exists() and not Path(cache).is_dir())):
+        raise UsageError(f"$REPRO_CACHE_DIR must name a directory, got {cache!r}")
+
+
+def device_choice(requested: str | None) -> str:
+    try:
+        return devices.check_choice(requested)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def unavailable(device: str) -> str | None:
+    """Why `device` cannot run here, or None (cheap: no torch, no CUDA initialization)."""
+    if device == "cuda" and devices.torch_cuda_version() is None:
+        return "no CUDA device is available: the installed torch is a CPU build"
+    if device == "cuda" and not devices.visible_gpus():
+        return "no CUDA device is available: no GPU visible (driver files, CUDA_VISIBLE_DEVICES)"
+    return None
+
+
+def prepare(isolator: Isolator, device: str) -> str | None:
+    """Build the csrc extensions once, in a child, before scenario children race to build
+    them under their own time limits; why the device cannot run, or None."""
+    why = unavailable(device)
+    if why or device != "cuda":
+        return why
+    job = Job("csrc", "build", "harness.child:prepare_cuda", ALL_FIXES, "cuda", BUILD_TIMEOUT_S)
+    result = isolator.run(job)
+    if result.seconds > 5:
+        print(f"csrc build: {result.outcome.value} in {result.seconds:.1f}s", file=sys.stderr)
+    if result.outcome != Outcome.PASS:
+        return f"preparing cuda failed ({result.outcome.value}): {result.evidence}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# list / info
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rows = [("id", "upstream", "fix parts", "buggy (cpu)", "buggy (cuda)")]
+    for bug in registry.BUGS:
+        rows.append(
+            (
+                bug.id,
+                "#" + bug.upstream.rsplit("/", 1)[-1],
+                ", ".join(f.value for f in bug.fix_parts),
+                bug.buggy_outcome.cpu.value,
+                bug.buggy_outcome.cuda.value,
+            )
+        )
+    print_table(rows)
+    histories = [bug for bug in registry.BUGS if bug.history]
+    if histories:
+        print("\nhistory:")
+    for bug in histories:
+        print(f"  {bug.id}: {bug.history}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    bug = registry.get(args.bug)
+    print(f"{bug.id}: {bug.title}\nupstream:   {bug.upstream}\nsymptom:    {bug.symptom}")
+    print(f"root cause: {bug.root_cause}\ntrigger:    {bug.trigger}")
+    print(f"buggy:      cpu {bug.buggy_outcome.cpu.value}, cuda {bug.buggy_outcome.cuda.value}")
+    print("fix parts:  (see each with git grep -n 'fix: PART')")
+    for part in bug.fix_parts:
+        print(f"  {part.value}")
+    if bug.history:
+        print(f"history:    {bug.history}")
+    docs = bug.docs()
+    for s in bug.scenarios:
+        print(f"\nscenario {s.name}  (repro run {bug.id} --scenario {s.name})")
+        print("  " + docs[s.name].replace("\n", "\n  "))
+        for rule in s.expects:
+            parts = " or ".join(sorted(f.value for f in rule.missing))
+            why = f"  ({rule.why})" if rule.why else ""
+            print(
+                f"  without {parts}: cpu {rule.outcome.cpu.value}, "
+                f"cuda {rule.outcome.cuda.value}{why}"
+            )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# run / check
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A checked run/check request."""
+
+    bug: BugRecord
+    fixes: Variant
+    device: str
+    jobs: tuple[Job, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.bug.id} [{describe(self.fixes, self.bug.fix_parts)}, {self.device}]"
+
+
+def _own_parts(bug: BugRecord, names: list[str]) -> None:
+    for name in names:
+        part = parse_fix(name)
+        if part not in bug.fix_parts:
+            owner = next(b.id for b in registry.BUGS if part in b.fix_parts)
+            own = ", ".join(p.value for p in bug.fix_parts)
+            raise UsageError(
+                f"--without {name}: a fix part of {owner}, not of {bug.id} (its parts: {own}); "
+                "--fixes none switches every part of every bug off"
+            )
+
+
+def plan(args: argparse.Namespace) -> Plan:
+    """Everything checked, nothing started."""
+    bug = registry.get(args.bug)
+    _own_parts(bug, args.without)
+    fixes = select_variant(bug.fix_parts, args.variant, args.without, args.fixes)
+    known = [s.name for s in bug.scenarios]
+    for name in args.scenario:
+        if name not in known:
+            raise UsageError(f"{bug.id} has no scenario {name!r}; scenarios: {', '.join(known)}")
+    choice = device_choice(args.device)
+    if args.sanitizer and choice == "cpu":
+        raise UsageError("--sanitizer checks GPU memory accesses: it needs --device cuda")
+    device = devices.resolve(choice)
+    jobs = tuple(
+        Job(bug.id, s.name, bug.target(s), fixes, device, s.timeout_s, 0, args.sanitizer)
+        for s in bug.scenarios
+        if not args.scenario or s.name in args.scenario
+    )
+    return Plan(bug, fixes, device, jobs)
+
+
+def _why_not(plan: Plan, isolator: Isolator, sanitizer: bool) -> str | None:
+    if sanitizer and plan.device != "cuda":
+        return "no CUDA device is available for --sanitizer"
+    if sanitizer and not shutil.which("compute-sanitizer"):
+        return "compute-sanitizer is not on PATH"
+    return prepare(isolator, plan.device)
+
+
+def evidence_lines(evidence: str, indent: str = "      ") -> str:
+    lines = evidence.strip().splitlines()
+    if len(lines) > EVIDENCE_LINES:
+        lines = [*lines[: EVIDENCE_LINES - 1], f"... ({len(lines) - EVIDENCE_LINES + 1} more)"]
+    return "\n".join(indent + line for line in lines)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    p = plan(args)
+    with Isolator() as isolator:
+        isolator.warm(p.device)
+        why_not = _why_not(p, isolator, args.sanitizer)
+        try:
+            results = [] if why_not else isolator.run_all(p.jobs)
+        except Interrupted as e:
+            results, why_not = e.results, "interrupted"
+    if args.json:
+        from repro.matrix import result_json
+
+        rows = [result_json(r, p.bug) for r in results]
+        print(json.dumps(rows if not why_not else {"outcome": "skipped", "why": why_not}, indent=2))
+    for r in [] if args.json else results:
+        expected = p.bug.scenario(r.job.scenario).expected(p.fixes, p.device)
+        mark = "as expected" if r.outcome == expected else f"UNEXPECTED, expected {expected.value}"
+        print(f"{p.label} {r.job.scenario}: {r.outcome.value} ({mark}, {r.seconds:.1f}s)")
+        if r.evidence:
+            print(evidence_lines(r.evidence, "    "))
+    if why_not:
+        print(f"{p.label}: skipped: {why_not}", file=sys.stderr if args.json else sys.stdout)
+        return EXIT_CANNOT_TEST
+    return exit_code(r.outcome for r in results)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One scenario's first run, its confirming run (if it failed), and whether it counts."""
+
+    first: Result
+    again: Result | None
+    documented: frozenset[Outcome] | None  # --symptom: the classes that count
+
+    @property
+    def flaky(self) -> bool:
+        return self.again is not None and self.again.outcome != self.first.outcome
+
+    @property
+    def counted(self) -> bool:
+        o = self.first.outcome
+        return not self.flaky and (self.documented is None or o in self.documented)
+
+    def describe(self) -> str:
+        o = self.first.outcome.value
+        if not self.first.outcome.is_failure:
+            return o
+        if self.flaky:
+            return f"{o}, then {self.again.outcome.value} on a second run: flaky, not counted"
+        confirmed = ", confirmed by a second run" if self.again is not None else ""
+        if not self.counted:
+            shown = ", ".join(sorted(d.value for d in self.documented))
+            return f"{o}{confirmed}; not its documented symptom ({shown}): not counted"
+        return f"{o}{confirmed}"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    p = plan(args)
+    with Isolator() as isolator:
+        isolator.warm(p.device)
+        why_not = _why_not(p, isolator, args.sanitizer)
+        if why_not:
+            print(f"{p.label}: cannot test: {why_not}")
+            return EXIT_CANNOT_TEST
+        try:
+            first = isolator.run_all(p.jobs)
+            failed = [r.job for r in first if r.outcome.is_failure]
+            again = {} if args.no_confirm else _by_job(isolator.run_all(failed))
+        except Interrupted:
+            print(f"{p.label}: cannot test: interrupted")
+            return EXIT_CANNOT_TEST
+    findings = [
+        Finding(
+            r,
+            again.get(r.job),
+            p.bug.scenario(r.job.scenario).documented(p.device) if args.symptom else None,
+        )
+        for r in first
+    ]
+    code = exit_code((f.first.outcome for f in findings), (f.counted for f in findings))
+    print(f"{p.label}: {_verdict(code, findings)}")
+    for f in findings:
+        print(f"  {f.first.job.scenario}: {f.describe()}")
+        if f.first.outcome != Outcome.PASS and f.first.evidence:
+            print(evidence_lines(f.first.evidence))
+    return code
+
+
+def _by_job(results: list[Result]) -> dict[Job, Result]:
+    return {r.job: r for r in results}
+
+
+def _verdict(code: int, findings: list[Finding]) -> str:
+    summary = ", ".join(f"{f.first.job.scenario}={f.first.outcome.value}" for f in findings)
+    if code == 0:
+        return f"absent ({summary})"
+    if code == 1:
+        return f"PRESENT ({summary})"
+    flaky = [f.first.job.scenario for f in findings if f.flaky]
+    if flaky:
+        return f"cannot test: flaky ({', '.join(flaky)}; {summary})"
+    return f"cannot test ({summary})"
+
+
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _matrix(args: argparse.Namespace) -> int:
+    from repro import matrix
+
+    return matrix.cmd_matrix(args)
+
+
+COMMANDS = {
+    "list": cmd_list,
+    "info": cmd_info,
+    "run": cmd_run,
+    "check": cmd_check,
+    "matrix": _matrix,
+}

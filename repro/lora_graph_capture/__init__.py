@@ -1,0 +1,52 @@
+"""lora_graph_capture (vLLM #43314): LoRA kernels never captured in CUDA graphs.
+
+The fix of #43139 sets an all-zero LoRAMapping in dummy runs; prepare_tensors then finds every
+token on slot -1 and sets no_lora_flag_cpu, so the shrink/expand host wrappers return before
+launching. Capture runs host code once: the graphs hold no LoRA kernel, and every replay drops
+the LoRA delta silently (a spec-decode LoRA test fell to 76/100 matches upstream). The fix
+clears the flag and sets num_active_loras_cpu = 1 on each distinct punica wrapper after the
+dummy mapping: the kernels are captured and each program exits on lora_id == -1 until a real
+batch refreshes the same buffers. Run alone: `python -m repro.lora_graph_capture`.
+"""
+
+from __future__ import annotations
+
+from harness.fixes import Fix
+from harness.outcome import ByDevice, Outcome
+from harness.record import BugRecord, Expect, Scenario
+
+WRONG = ByDevice.both(Outcome.WRONG_RESULT)
+ASSERT = ByDevice.both(Outcome.DEVICE_ASSERT)
+
+RECORD = BugRecord(
+    id="lora_graph_capture",
+    title="LoRA kernels never captured in CUDA graphs: replays drop the LoRA delta",
+    upstream="https://github.com/vllm-project/vllm/pull/43314",
+    symptom="silent wrong output with LoRA and CUDA graphs (76/100 matches in a spec-decode test)",
+    root_cause=(
+        "the dummy all-(-1) mapping sets no_lora_flag_cpu; the shrink/expand host wrappers "
+        "return before launching while capture runs host code once"
+    ),
+    trigger="CUDA-graph capture after the #43139 dummy mapping, then batches with LoRA",
+    fix_parts=(Fix.LORA_CAPTURE_LAUNCH,),
+    buggy_outcome=WRONG,
+    scenarios=(
+        Scenario(
+            "replay_vs_eager",
+            (
+                Expect(
+                    frozenset({Fix.LORA_DUMMY_MAPPING}),
+                    ASSERT,
+                    why="the warm-up dummy run hits lora_dummy_run (#43139) first",
+                ),
+                Expect(frozenset({Fix.LORA_CAPTURE_LAUNCH}), WRONG),
+            ),
+        ),
+    ),
+    package=__name__,
+    history=(
+        "A regression caused by the fix of lora_dummy_run (#43139, fix part "
+        "lora_dummy_mapping): with both LoRA fix parts off this scenario shows #43139's "
+        "device-side assert instead of a wrong result."
+    ),
+)

@@ -1,0 +1,231 @@
+"""`repro matrix`: every bug x {fixed, buggy} (x each single-part removal) x device, and its
+results: progress lines, a summary table, JSON and JUnit files.
+
+Exit: 0 every run showed its expected outcome, 1 otherwise, 125 nothing could run, 130
+interrupted (the summary and the files still cover what finished), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import device as devices
+from harness.fixes import ALL_FIXES, UsageError, Variant, describe, select_variant
+from harness.isolate import Interrupted, Isolator, Job, Result
+from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED, Outcome
+from harness.record import BugRecord
+from repro import registry
+from repro.commands import device_choice, prepare, print_table
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser("matrix", help="every bug x {fixed, buggy} x available devices")
+    m.add_argument("--bug", action="append", default=[], help="only this bug (repeatable)")
+    m.add_argument(
+        "--device", help="cpu, cuda, auto or all (default: $REPRO_DEVICE, else all available)"
+    )
+    m.add_argument("--each-part", action="store_true", help="also each single-part removal")
+    m.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every cell N times, with seeds 0..N-1 (determinism check)",
+    )
+    m.add_argument("--jobs", type=int, help="children at once (default: CPU count)")
+    m.add_argument("--json", metavar="FILE", help="write results as JSON")
+    m.add_argument("--junit", metavar="FILE", help="write results as JUnit XML")
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One matrix run with its expectation."""
+
+    result: Result
+    variant: str
+    expected: Outcome
+
+    @property
+    def ok(self) -> bool:
+        return self.result.outcome == self.expected
+
+
+def _devices(requested: str | None) -> list[str]:
+    requested = requested or os.environ.get(devices.ENV_DEVICE) or "all"
+    if requested == "all":
+        return ["cpu", "cuda"] if devices.cuda_available() else ["cpu"]
+    return [devices.resolve(device_choice(requested))]
+
+
+def _variants(bug: BugRecord, each_part: bool) -> list[Variant]:
+    variants = [select_variant(bug.fix_parts, "fixed"), bug.buggy_variant]
+    if each_part and len(bug.fix_parts) > 1:
+        variants += [select_variant(bug.fix_parts, "fixed", [p.value]) for p in bug.fix_parts]
+    return variants
+
+
+def writable(path: str, option: str) -> None:
+    """A usage error unless `path` can be written (tried now, before any run)."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    existed = target.exists()
+    try:
+        with target.open("a"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{option} {path}: cannot write: {e.strerror}") from None
+    if not existed:
+        target.unlink()
+
+
+def _check(args: argparse.Namespace) -> tuple[list[BugRecord], list[str]]:
+    bugs = [registry.get(b) for b in args.bug] if args.bug else list(registry.BUGS)
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    for option, path in (("--json", args.json), ("--junit", args.junit)):
+        if path:
+            writable(path, option)
+    return bugs, _devices(args.device)
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    bugs, wanted = _check(args)
+    start, code = time.monotonic(), None
+    with Isolator() as isolator:
+        plan: list[tuple[BugRecord, Job]] = []
+        for device in wanted:
+            isolator.warm(device)
+            why_not = prepare(isolator, device)
+            if why_not:
+                print(f"{device}: skipped: {why_not}", file=sys.stderr)
+                continue
+            for bug in bugs:
+                for fixes in _variants(bug, args.each_part):
+                    plan += [(bug, job) for job in _jobs(bug, fixes, device, args.repeat)]
+        if not plan:
+            print("matrix: nothing could run", file=sys.stderr)
+            return EXIT_CANNOT_TEST
+        records = {job: bug for bug, job in plan}
+        try:
+            results = isolator.run_all([j for _, j in plan], args.jobs, _progress(records))
+        except Interrupted as e:
+            results, code = e.results, EXIT_INTERRUPTED
+    cells = [_cell(records[r.job], r) for r in results]
+    print_summary(cells, time.monotonic() - start)
+    if args.json:
+        Path(args.json).write_text(json.dumps([result_json(c.result) for c in cells], indent=2))
+    if args.junit:
+        write_junit(args.junit, cells)
+    if code is not None:
+        print("matrix: interrupted; unfinished runs are skipped (interrupted)", file=sys.stderr)
+        return code
+    return 0 if all(c.ok for c in cells) else 1
+
+
+def _jobs(bug: BugRecord, fixes: Variant, device: str, repeat: int) -> list[Job]:
+    return [
+        Job(bug.id, s.name, bug.target(s), fixes, device, s.timeout_s, seed)
+        for s in bug.scenarios
+        for seed in range(repeat)
+    ]
+
+
+def _cell(bug: BugRecord, r: Result) -> Cell:
+    expected = bug.scenario(r.job.scenario).expected(r.job.fixes, r.job.device)
+    return Cell(r, describe(r.job.fixes, bug.fix_parts), expected)
+
+
+def _progress(records: dict[Job, BugRecord]):
+    done, total = [0], len(records)
+
+    def show(r: Result) -> None:
+        done[0] += 1
+        cell = _cell(records[r.job], r)
+        mark = "ok" if cell.ok else f"UNEXPECTED (expected {cell.expected.value})"
+        scenario_s = "" if r.scenario_seconds is None else f" (scenario {r.scenario_seconds:.2f}s)"
+        print(
+            f"[{done[0]:>3}/{total}] {r.job.bug} {cell.variant} {r.job.device} "
+            f"{r.job.scenario}: {r.outcome.value} {mark} {r.seconds:.1f}s{scenario_s}",
+            flush=True,
+        )
+
+    return show
+
+
+def print_summary(cells: list[Cell], seconds: float) -> None:
+    """One row per (bug, variant, device, scenario); repeats are counted, not listed."""
+    groups: dict[tuple[str, ...], list[Cell]] = {}
+    for c in cells:
+        j = c.result.job
+        groups.setdefault((j.bug, c.variant, j.device, j.scenario, c.expected.value), []).append(c)
+    rows = [("bug", "variant", "device", "scenario", "expected", "outcomes", "")]
+    for key, group in groups.items():
+        counts = Counter(c.result.outcome.value for c in group)
+        seen = ", ".join(f"{o} x{n}" if len(group) > 1 else o for o, n in counts.items())
+        ok = sum(c.ok for c in group)
+        rows.append((*key, seen, "ok" if ok == len(group) else f"UNEXPECTED {len(group) - ok}"))
+    print()
+    print_table(rows)
+    ok = sum(c.ok for c in cells)
+    print(f"\n{ok}/{len(cells)} runs as expected in {seconds:.1f}s")
+    for c in [c for c in cells if not c.ok][:10]:
+        j = c.result.job
+        print(f"\nUNEXPECTED {j.bug} {c.variant} {j.device} {j.scenario} seed {j.seed}:")
+        print("    " + c.result.evidence.replace("\n", "\n    "))
+
+
+def result_json(r: Result, bug: BugRecord | None = None) -> dict:
+    bug = bug or registry.get(r.job.bug)
+    return {
+        "bug": r.job.bug,
+        "scenario": r.job.scenario,
+        "variant": describe(r.job.fixes, bug.fix_parts),
+        "fixes_off": sorted(f.value for f in ALL_FIXES - r.job.fixes),
+        "device": r.job.device,
+        "outcome": r.outcome.value,
+        "expected": bug.scenario(r.job.scenario).expected(r.job.fixes, r.job.device).value,
+        "seed": r.job.seed,
+        "seconds": round(r.seconds, 3),
+        "scenario_seconds": None if r.scenario_seconds is None else round(r.scenario_seconds, 3),
+        "evidence": r.evidence,
+    }
+
+
+def junit_class(cell: Cell) -> str:
+    """bug.variant.device, with no spaces (JUnit tools split class names on dots)."""
+    variant = cell.variant.replace(" ", "-").replace(".", "_")
+    return f"{cell.result.job.bug}.{variant}.{cell.result.job.device}"
+
+
+def write_junit(path: str, cells: list[Cell]) -> None:
+    suite = ET.Element(
+        "testsuite",
+        name="repro-matrix",
+        tests=str(len(cells)),
+        failures=str(sum(not c.ok for c in cells)),
+    )
+    for c in cells:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=junit_class(c),
+            name=c.result.job.scenario,
+            time=f"{c.result.seconds:.3f}",
+        )
+        if c.result.outcome == Outcome.SKIPPED and c.expected != Outcome.SKIPPED:
+            ET.SubElement(case, "skipped", message=c.result.evidence)
+        elif not c.ok:
+            message = f"{c.result.outcome.value}, expected {c.expected.value}"
+            ET.SubElement(case, "failure", message=message).text = c.result.evidence
+    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)

@@ -1,0 +1,65 @@
+"""Processes of a run, found by an environment tag every descendant inherits."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+TAG = "REPRO_TEST_TAG"
+
+
+def new_tag() -> str:
+    return uuid.uuid4().hex
+
+
+def tagged(tag: str, exclude: tuple[int, ...] = ()) -> list[int]:
+    """Live (not zombie) processes whose environment carries `tag`."""
+    needle = f"{TAG}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in exclude:
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and not _zombie(entry):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _zombie(entry: Path) -> bool:
+    stat = (entry / "stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def wait_until(condition, timeout_s: float, step_s: float = 0.02):
+    """`condition()`'s first truthy value, polling; None after `timeout_s` (a hang guard)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(step_s)
+    return None
+
+
+def survivors(tag: str, timeout_s: float = 10.0, exclude: tuple[int, ...] = ()) -> list[int]:
+    """The tagged processes still alive after waiting up to `timeout_s` for them to go."""
+    wait_until(lambda: not tagged(tag, exclude), timeout_s)
+    return [p for p in tagged(tag, exclude) if p != os.getpid()]
