@@ -17,6 +17,7 @@ import faulthandler
 import importlib
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -119,14 +120,13 @@ def prepare_cuda(ctx: Context) -> str:
 def main(request: dict, started: float) -> None:
     """Run, write the report atomically, and leave without interpreter teardown."""
     lifetime.arm_own_time_limit(request["timeout_s"])
-    # Where a hung child stands, in its log just before the parent's time limit.
-    faulthandler.dump_traceback_later(max(request["timeout_s"] - 1.0, 0.5))
+    faulthandler.enable()
+    # At the time limit the parent asks where a hung child stands (evidence), then kills it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     spec = request["spec"]
     devices.activate(spec["device"])
-    faulthandler.enable()
     timings: dict[str, float] = {}
     report = run(spec, started, timings)
-    faulthandler.cancel_dump_traceback_later()
     if "startup_s" in timings:
         timings["scenario_s"] = time.monotonic() - started - timings["startup_s"]
     report["timings"] = timings

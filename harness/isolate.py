@@ -27,6 +27,7 @@ import json
 import os
 import selectors
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +46,7 @@ MODES = ("fork", "spawn")
 ENV_ISOLATION = "REPRO_ISOLATION"
 SERVER_START_S = 120.0  # a server's preload (importing torch on a loaded machine)
 FORK_ANSWER_S = 30.0  # a ready server answers a request with the child's pid
+DUMP_BEFORE_KILL_S = 1.0  # at its limit a child dumps its stacks (SIGUSR1), then is killed
 REAP_AFTER_KILL_S = 30.0  # a killed child stuck in the driver: give up on its exit status
 SANITIZER_SLOWDOWN = 10.0  # compute-sanitizer instruments every kernel: scale time limits
 # `python -c`: sys.path[0] would be the working directory; the tree is ROOT, passed as argv[1].
@@ -145,7 +147,8 @@ class _Run:
     proc: subprocess.Popen | None = None
     pidfd: int | None = None
     pid: int | None = None
-    timed_out: bool = False
+    timed_out: bool = False  # past its limit: asked for its stacks, then killed
+    killed: bool = False
 
 
 class _Server:
@@ -375,9 +378,14 @@ class _Batch:
         for run in [r for r in self.running if r.deadline <= now]:
             if run.pid is None:
                 self._server_died(run.server, f"did not answer within {FORK_ANSWER_S:.0f}s")
-            elif not run.timed_out:
+            elif not run.timed_out:  # where it hangs, for the evidence (harness.child)
+                run.timed_out, run.deadline = True, now + DUMP_BEFORE_KILL_S
+                if not run.job.sanitizer:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(run.pid, signal.SIGUSR1)
+            elif not run.killed:
                 lifetime.kill_group(run.pid)
-                run.timed_out, run.deadline = True, now + REAP_AFTER_KILL_S
+                run.killed, run.deadline = True, now + REAP_AFTER_KILL_S
             else:
                 self._done(run, Outcome.TIMEOUT, "killed at its time limit, then never reaped")
 

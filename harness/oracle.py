@@ -8,11 +8,14 @@ with counts and first positions. (Poisoned allocations: harness.runner.poison.)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from harness.outcome import WrongResult
-from harness.runner.model import TinyLoRADecoder
+
+if TYPE_CHECKING:  # a scenario that never builds the decoder must not import it (nor attention)
+    from harness.runner.model import TinyLoRADecoder
 
 
 def mismatch(what: str, actual: torch.Tensor, expected: torch.Tensor, show: int = 4) -> str | None:

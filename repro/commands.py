@@ -273,9 +273,12 @@ def _why_not(plan: Plan, isolator: Isolator, sanitizer: bool) -> str | None:
 
 
 def evidence_lines(evidence: str, indent: str = "      ") -> str:
+    """A few lines: the head says what diverged, the tail how a traceback ended."""
     lines = evidence.strip().splitlines()
     if len(lines) > EVIDENCE_LINES:
-        lines = [*lines[: EVIDENCE_LINES - 1], f"... ({len(lines) - EVIDENCE_LINES + 1} more)"]
+        head, tail = EVIDENCE_LINES // 2, EVIDENCE_LINES - EVIDENCE_LINES // 2 - 1
+        skipped = len(lines) - head - tail
+        lines = [*lines[:head], f"... ({skipped} lines)", *lines[-tail:]]
     return "\n".join(indent + line for line in lines)
 
 

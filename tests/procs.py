@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -48,7 +49,7 @@ def parent_of(pid: int) -> int:
         return -1
 
 
-def wait_until(condition, timeout_s: float, step_s: float = 0.02):
+def wait_until(condition, timeout_s: float = 60.0, step_s: float = 0.02):
     """`condition()`'s first truthy value, polling; None after `timeout_s` (a hang guard)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -63,3 +64,21 @@ def survivors(tag: str, timeout_s: float = 10.0, exclude: tuple[int, ...] = ()) 
     """The tagged processes still alive after waiting up to `timeout_s` for them to go."""
     wait_until(lambda: not tagged(tag, exclude), timeout_s)
     return [p for p in tagged(tag, exclude) if p != os.getpid()]
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# The `repro` entry point in a fresh interpreter, importing this tree; at exit it says whether
+# torch was imported (the parent never should).
+PROBE = """
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+try:
+    from repro.cli import main
+    main(sys.argv[1:])
+finally:
+    print("torch imported:", "torch" in sys.modules, file=sys.stderr)
+"""
+
+
+def repro_command(*argv: str) -> list[str]:
+    return [sys.executable, "-c", PROBE, str(ROOT), *argv]

@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
 from harness import device as devices
 from repro.commands import dispatch
 from repro.registry import BUGS
+from tests import procs
 
 
 def repro(capsys, *argv: str) -> tuple[int, str, str]:
@@ -50,22 +50,9 @@ def test_info_shows_the_record(capsys) -> None:
         assert text in out
 
 
-# The entry point in a fresh interpreter; at exit it says whether torch was imported.
-PROBE = """
-import sys
-sys.path.insert(0, sys.argv.pop(1))
-try:
-    from repro.cli import main
-    main(sys.argv[1:])
-finally:
-    print("torch imported:", "torch" in sys.modules, file=sys.stderr)
-"""
-ROOT = str(Path(__file__).resolve().parent.parent)
-
-
 def entry_point(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", PROBE, ROOT, *argv],
+        procs.repro_command(*argv),
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
