@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -82,3 +83,11 @@ finally:
 
 def repro_command(*argv: str) -> list[str]:
     return [sys.executable, "-c", PROBE, str(ROOT), *argv]
+
+
+def installed_repro() -> str:
+    """The `repro` command the README's set-up installs beside this interpreter."""
+    beside = Path(sys.executable).with_name("repro")
+    found = str(beside) if beside.exists() else shutil.which("repro")
+    assert found, "the README's set-up installs the repro command"
+    return found

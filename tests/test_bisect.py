@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT
+from tests.procs import ROOT, installed_repro
 
 GRID_FIX = "num_slots = max_loras + 1 if fixes.grid_plus_one else max_loras"
 ID_ZERO = "        if lora_id == 0:\n            return -1\n"
@@ -65,8 +65,7 @@ class Repo:
 
     def bisect(self, bad: str, good: str, *check: str) -> str:
         """`git bisect run` with the installed `repro check`, running this repository's tree."""
-        script = shutil.which("repro")
-        assert script, "the README's set-up installs the repro command"
+        script = installed_repro()
         self.git("bisect", "start", bad, good)
         try:
             return self.git(

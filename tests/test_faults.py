@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -133,10 +132,12 @@ def test_an_unrelated_harness_in_the_working_directory_is_never_imported(tmp_pat
     for package in ("harness", "kernels", "repro"):
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text(f"raise SystemExit('foreign {package}')\n")
-    script = shutil.which("repro")
-    assert script, "the README's set-up installs the repro command"
     done = subprocess.run(
-        [script, "check", *DUMMY], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [procs.installed_repro(), "check", *DUMMY],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "foreign" not in done.stdout + done.stderr
