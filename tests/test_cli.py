@@ -11,7 +11,11 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from harness import device as devices
+from harness.fixes import ALL_FIXES
+from harness.isolate import Job, Result
+from harness.outcome import Outcome
 from repro.commands import dispatch
+from repro.matrix import Cell, junit_class
 from repro.registry import BUGS
 from tests import procs
 
@@ -223,3 +227,25 @@ def test_sanitizer_run(capsys, variant, code, outcome) -> None:
     )
     [row] = json.loads(out)
     assert (got, row["outcome"]) == (code, outcome), row["evidence"]
+
+
+def test_junit_class_names_have_no_spaces() -> None:
+    job = Job("moe_align_grid", "oob_lora_id", "x:y", ALL_FIXES, "cpu", 1.0)
+    cell = Cell(
+        Result(job, Outcome.WRONG_RESULT, "", 0.0),
+        "without moe_align_oob_guard",
+        Outcome.WRONG_RESULT,
+    )
+    assert junit_class(cell) == "moe_align_grid.without-moe_align_oob_guard.cpu"
+
+
+def test_matrix_honours_repro_device(tmp_path, device) -> None:
+    out = tmp_path / "m.json"
+    env = {"REPRO_DEVICE": device}
+    done = entry_point("matrix", "--bug", "lora_dummy_run", "--json", str(out), env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {row["device"] for row in json.loads(out.read_text())} == {device}
+    if not devices.cuda_available():
+        done = entry_point("matrix", "--bug", "lora_dummy_run", env={"REPRO_DEVICE": "cuda"})
+        assert done.returncode == 125
+        assert "cuda: skipped: no CUDA device is available" in done.stderr

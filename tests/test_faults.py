@@ -60,16 +60,16 @@ def long_matrix(tmp_path) -> tuple[str, ...]:
     )
 
 
-@pytest.mark.parametrize("target", ["parent", "group"])
+@pytest.mark.parametrize("target", ["parent", "group", "sigterm"])
 def test_sigint_stops_the_matrix_keeps_what_finished_and_leaves_nothing(tmp_path, target) -> None:
     tag = procs.new_tag()
     proc = start(tag, *long_matrix(tmp_path), start_new_session=True)
     first_progress_line(proc)
     sent = time.monotonic()
-    if target == "parent":
-        proc.send_signal(signal.SIGINT)
-    else:  # Ctrl-C in a terminal: the whole foreground group
+    if target == "group":  # Ctrl-C in a terminal: the whole foreground group
         os.killpg(proc.pid, signal.SIGINT)
+    else:  # kill -INT, or a runner's cleanup (SIGTERM)
+        proc.send_signal(signal.SIGINT if target == "parent" else signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     stopped_s = time.monotonic() - sent
     assert proc.returncode == 130, out
@@ -81,6 +81,17 @@ def test_sigint_stops_the_matrix_keeps_what_finished_and_leaves_nothing(tmp_path
     assert any(r["outcome"] == "skipped" for r in rows)
     assert ET.parse(tmp_path / "m.xml").getroot().get("tests") == "40"
     assert procs.survivors(tag) == [], f"left alive after SIGINT ({stopped_s:.1f}s to stop)"
+
+
+def test_interrupted_check_cannot_test() -> None:
+    tag = procs.new_tag()
+    proc = start(tag, "check", "moe_align_grid", "--device", "cpu")
+    assert procs.wait_until(lambda: child_of_server(proc.pid, tag)), "no child appeared"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 125, out
+    assert "moe_align_grid [fixed, cpu]: cannot test: interrupted" in out
+    assert procs.survivors(tag) == []
 
 
 def test_killed_parent_takes_the_server_and_every_child_with_it(tmp_path) -> None:

@@ -55,18 +55,24 @@ def test_arena_full_is_a_clear_error() -> None:
 
 @pytest.mark.gpu
 def test_cumem_sleep_really_frees_memory() -> None:
+    """Free device memory rises by the pool's size at sleep. The GPU is shared with other test
+    workers whose allocations move the figure, so up to three sleep/wake cycles are measured;
+    a pool that never releases its memory fails every one."""
+    size = 1 << 30
     pools = make_pools("cuda")
-    kv = pools.empty("kv_cache", (256, 1024, 1024), torch.uint8).fill_(1)  # 256 MiB
-    torch.cuda.synchronize()
-    free_awake, _ = torch.cuda.mem_get_info()
-    mapped = pools.mapped_bytes("kv_cache")
-    pools.sleep()
-    free_asleep, _ = torch.cuda.mem_get_info()
-    assert pools.mapped_bytes("kv_cache") == 0
-    assert free_asleep - free_awake >= 256 << 20, (free_awake, free_asleep, mapped)
-    print(
-        f"free memory: awake {free_awake >> 20} MiB, asleep {free_asleep >> 20} MiB "
-        f"(kv_cache mapped {mapped >> 20} MiB)"
-    )
-    pools.wake_up()
-    assert pools.mapped_bytes("kv_cache") == mapped and (kv == 255).all()
+    kv = pools.empty("kv_cache", (size,), torch.uint8)
+    mapped, freed = pools.mapped_bytes("kv_cache"), []
+    for _ in range(3):
+        kv.fill_(1)
+        torch.cuda.synchronize()
+        free_awake, _ = torch.cuda.mem_get_info()
+        pools.sleep()
+        free_asleep, _ = torch.cuda.mem_get_info()
+        assert pools.mapped_bytes("kv_cache") == 0
+        freed.append(free_asleep - free_awake)
+        pools.wake_up()
+        assert pools.mapped_bytes("kv_cache") == mapped and (kv == 255).all()
+        if freed[-1] >= size * 3 // 4:
+            break
+    print(f"freed at sleep (MiB): {[f >> 20 for f in freed]}; kv_cache mapped {mapped >> 20} MiB")
+    assert max(freed) >= size * 3 // 4, f"freed {[f >> 20 for f in freed]} MiB of {size >> 20}"
