@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import device as devices
+from harness.child import PREPARE
 from harness.fixes import ALL_FIXES, UsageError, Variant, describe, parse_fix, select_variant
 from harness.isolate import ENV_ISOLATION, MODES, Interrupted, Isolator, Job, Result
 from harness.outcome import (
@@ -153,7 +154,7 @@ def prepare(isolator: Isolator, device: str) -> str | None:
     why = unavailable(device)
     if why or device != "cuda":
         return why
-    job = Job("csrc", "build", "harness.child:prepare_cuda", ALL_FIXES, "cuda", BUILD_TIMEOUT_S)
+    job = Job("csrc", "build", PREPARE, ALL_FIXES, "cuda", BUILD_TIMEOUT_S)
     result = isolator.run(job)
     if result.seconds > 5:
         print(f"csrc build: {result.outcome.value} in {result.seconds:.1f}s", file=sys.stderr)

@@ -25,6 +25,7 @@ LIGHT = [
     "repro/matrix.py",
     "repro/registry.py",
     "harness/isolate.py",
+    "harness/child.py",
     "harness/forkserver.py",
     "harness/lifetime.py",
     "harness/device.py",
