@@ -1,8 +1,10 @@
-"""Oracles for scenarios: exact comparisons, canary-guarded buffers, the decoder's reference.
+"""Oracles for scenarios: comparisons, canary-guarded buffers, one step's three-way check.
 
 Test code only: the miniature runner (the code under test) never imports this module. Every
 helper is deterministic: outputs are prefilled with sentinels, and divergences are reported
-with counts and first positions. (Poisoned allocations: harness.runner.poison.)
+with counts and first positions. Integer outputs compare exactly; float ones through attention
+to float32 rounding (`close`). (Poisoned allocations: harness.runner.poison; the decoder's
+dense reference: harness.reference.)
 """
 
 from __future__ import annotations
@@ -14,17 +16,22 @@ import torch
 
 from harness.outcome import WrongResult
 
-if TYPE_CHECKING:  # a scenario that never builds the decoder must not import it (nor attention)
-    from harness.runner.model import TinyLoRADecoder
+if TYPE_CHECKING:  # a scenario that never builds the runner must not import it (nor attention)
+    from harness.runner.model_runner import ModelOutput
+
+RTOL = 1e-4  # of the largest expected magnitude: float32 rounding through attention
 
 
-def mismatch(what: str, actual: torch.Tensor, expected: torch.Tensor, show: int = 4) -> str | None:
-    """None when equal (exactly, NaN == NaN); else how they differ."""
+def mismatch(
+    what: str, actual: torch.Tensor, expected: torch.Tensor, show: int = 4, atol: float = 0.0
+) -> str | None:
+    """None when equal (exactly, or within `atol`; NaN == NaN); else how they differ."""
     actual, expected = actual.detach().cpu(), expected.detach().cpu()
     if actual.shape != expected.shape:
         return f"{what}: shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
-    differ = actual != expected
+    differ = actual != expected if atol == 0 else (actual - expected).abs() > atol
     if actual.is_floating_point():
+        differ |= actual.isnan() != expected.isnan()
         differ &= ~(actual.isnan() & expected.isnan())
     if not differ.any():
         return None
@@ -33,6 +40,36 @@ def mismatch(what: str, actual: torch.Tensor, expected: torch.Tensor, show: int 
         f"{tuple(i)}: {actual[tuple(i)].item()} vs {expected[tuple(i)].item()}" for i in where
     )
     return f"{what}: {int(differ.sum())}/{differ.numel()} differ (actual vs expected) {pairs}"
+
+
+def close(what: str, actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """`mismatch` within RTOL of the largest expected magnitude (float64 comparison)."""
+    expected = expected.detach().double().cpu()
+    atol = RTOL * max(float(expected.abs().max()), 1.0) if expected.numel() else 0.0
+    return mismatch(what, actual.detach().double().cpu(), expected, atol=atol)
+
+
+def step_problems(
+    label: str,
+    eager: ModelOutput,
+    reference: tuple[torch.Tensor, torch.Tensor],
+    replay: ModelOutput | None = None,
+) -> list[str | None]:
+    """One step three ways: eager vs the dense float64 reference (hidden states of every
+    token, logits of every request), and a graph replay vs eager."""
+    hidden, logits = reference
+    problems = [
+        close(f"{label}: eager hidden states vs reference", eager.hidden_states, hidden),
+        close(f"{label}: eager logits vs reference", eager.logits, logits),
+    ]
+    if replay is not None:
+        problems += [
+            close(
+                f"{label}: replay hidden states vs eager", replay.hidden_states, eager.hidden_states
+            ),
+            close(f"{label}: replay logits vs eager", replay.logits, eager.logits),
+        ]
+    return problems
 
 
 def expect_all(problems: list[str | None]) -> None:
@@ -76,25 +113,3 @@ class Guarded:
             return None
         rows = [self.rows + r for r in hit.tolist()]
         return f"{what}: canary overwritten in rows {rows} (past its {self.rows} real rows)"
-
-
-def decoder_reference(
-    model: TinyLoRADecoder, token_ids: list[int], slots: list[int]
-) -> torch.Tensor:
-    """The decoder's logits computed densely in float64 on the CPU, without attention; slot -1 =
-    base model. Independent of the runner's kernels and LoRA plumbing."""
-    c = model.config
-    d = lambda t: t.detach().double().cpu()
-    h = d(model.embed)[token_ids]
-    for t, s in enumerate(slots):
-        if s != -1:
-            h[t] += d(model.embed_a)[s * c.vocab_size + token_ids[t]] @ d(model.embed_b[0, s]).T
-    width = c.hidden_size // model.LAYER_SLICES
-    for w, a, b in zip(model.layers, model.lora_a, model.lora_b, strict=True):
-        y = h @ d(w).T
-        for t, s in enumerate(slots):
-            for k in range(model.LAYER_SLICES if s != -1 else 0):
-                delta = c.lora_scale * (h[t] @ d(a[k, s]).T) @ d(b[k, s]).T
-                y[t, k * width : (k + 1) * width] += delta
-        h = y.relu()
-    return h @ d(model.head).T

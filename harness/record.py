@@ -69,7 +69,9 @@ class BugRecord:
     buggy_outcome: ByDevice  # the headline failure upstream users saw
     scenarios: tuple[Scenario, ...]
     package: str  # the record's package; its scenario functions are in PACKAGE.scenarios
-    history: str = ""
+    # where each fix part sits upstream (file and function, in words: no upstream code here)
+    anchors: tuple[tuple[Fix, str], ...] = ()
+    history: str = ""  # the bug's relatives and follow-ups upstream
 
     @property
     def buggy_variant(self) -> Variant:

@@ -5,11 +5,14 @@ shrink: buffer[s, t] = scale * x[t] @ lora_a[s, lora(t)].T          (hidden -> r
 expand: y[t, cols of s] += buffer[s, t] @ lora_b[s, lora(t)].T      (rank -> slice width)
 Tokens are visited per LoRA through the kernel metadata of upstream's LoRAKernelMeta:
 token_indices_sorted_by_lora_ids, num_tokens_per_lora, lora_token_start_loc, active_lora_ids.
-The grid is tiles x slices x LoRA programs, one per active-LoRA slot (max_loras + 1, so a
-captured grid fits any batch); a program exits on lora_id == -1 or past its token count.
-The host wrappers return before launching when no_lora_flag_cpu is set (or no LoRA is
-active): a host decision, so CUDA-graph capture freezes it. Every launch goes through
-`launch(fn, *args)` so a graph emulation can record it.
+The grid is tiles x slices x LoRA programs; a program exits on lora_id == -1 or past its
+token count. Two launch modes, as upstream's: by default one LoRA program per slot of
+active_lora_ids (max_loras + 1), whatever the batch, so a captured grid fits any batch;
+specialised (`specialize=True`), num_active_loras_cpu programs, so a graph captured for that
+count serves batches of at most that many active ids. The host wrappers return before
+launching when no_lora_flag_cpu is set (specialised: also when num_active_loras_cpu is 0): a
+host decision, so CUDA-graph capture freezes it. Every launch goes through `launch(fn, *args)`
+so a graph emulation can record it.
 """
 
 from __future__ import annotations
@@ -76,8 +79,11 @@ def lora_expand_reference(y, buffer, lora_b, slots) -> torch.Tensor:
     return out
 
 
-def _skips_launch(meta: KernelMeta) -> bool:
-    return bool(meta.no_lora_flag_cpu[0]) or int(meta.num_active_loras_cpu[0]) == 0
+def lora_programs(meta: KernelMeta, max_loras: int, specialize: bool) -> int:
+    """LoRA programs (grid z) of a launch; 0: the host wrapper returns without launching."""
+    if bool(meta.no_lora_flag_cpu[0]):  # NOTE: host decisions; frozen into a captured graph
+        return 0
+    return int(meta.num_active_loras_cpu[0]) if specialize else max_loras + 1
 
 
 def lora_shrink(
@@ -87,15 +93,17 @@ def lora_shrink(
     meta: KernelMeta,
     scale: float,
     launch: Launch = launch_now,
+    specialize: bool = False,
 ) -> None:
-    if _skips_launch(meta):  # NOTE: host decision; frozen into a captured graph
-        return
     num_tokens, hidden = x.shape
     num_slices, max_loras, rank, _ = lora_a.shape
+    programs = lora_programs(meta, max_loras, specialize)
+    if programs == 0:
+        return
     assert lora_a.shape[3] == hidden, (lora_a.shape, hidden)
     assert buffer.shape[0] == num_slices and buffer.shape[2] == rank, (buffer.shape, rank)
     m_tiles = triton.cdiv(num_tokens, BLOCK_M)
-    grid = (m_tiles * triton.cdiv(rank, BLOCK_N), num_slices, max_loras + 1)
+    grid = (m_tiles * triton.cdiv(rank, BLOCK_N), num_slices, programs)
     launch(
         on_grid(_lora_shrink_kernel, grid),
         x,
@@ -123,15 +131,17 @@ def lora_expand(
     y: torch.Tensor,  # [num_tokens, num_slices * slice_width] float32, accumulated in place
     meta: KernelMeta,
     launch: Launch = launch_now,
+    specialize: bool = False,
 ) -> None:
-    if _skips_launch(meta):  # NOTE: host decision; frozen into a captured graph
-        return
     num_tokens, out_dim = y.shape
     num_slices, max_loras, width, rank = lora_b.shape
+    programs = lora_programs(meta, max_loras, specialize)
+    if programs == 0:
+        return
     assert num_slices * width == out_dim and y.is_contiguous(), (lora_b.shape, y.shape)
     assert buffer.shape[0] == num_slices and buffer.shape[2] == rank, (buffer.shape, rank)
     m_tiles = triton.cdiv(num_tokens, BLOCK_M)
-    grid = (m_tiles * triton.cdiv(width, BLOCK_N), num_slices, max_loras + 1)
+    grid = (m_tiles * triton.cdiv(width, BLOCK_N), num_slices, programs)
     launch(
         on_grid(_lora_expand_kernel, grid),
         buffer,

@@ -11,12 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_P = 16
+BLOCK_P = 32
 
 
 def reshape_and_cache_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
     block_size = k_cache.shape[1]
     for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:  # padding
+            continue
         k_cache[slot // block_size, slot % block_size] = key[t]
         v_cache[slot // block_size, slot % block_size] = value[t]
 
@@ -44,7 +46,7 @@ def reshape_and_cache(
     value: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_heads, head_dim]
     v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,  # [>= num_tokens] int64
+    slot_mapping: torch.Tensor,  # [>= num_tokens] int64, -1 for padding tokens
 ) -> None:
     num_tokens, heads, dim = key.shape
     assert k_cache.shape[2:] == (heads, dim) and k_cache.is_contiguous() and key.is_contiguous()
@@ -91,8 +93,10 @@ def _reshape_and_cache_kernel(
     t = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + t)
     cols = tl.arange(0, WIDTH)
-    tl.store(k_cache_ptr + slot * WIDTH + cols, tl.load(key_ptr + t * WIDTH + cols))
-    tl.store(v_cache_ptr + slot * WIDTH + cols, tl.load(value_ptr + t * WIDTH + cols))
+    keep = cols < tl.where(slot >= 0, WIDTH, 0)  # NOTE: slot -1 is a padding token
+    slot = tl.maximum(slot, 0)
+    tl.store(k_cache_ptr + slot * WIDTH + cols, tl.load(key_ptr + t * WIDTH + cols), mask=keep)
+    tl.store(v_cache_ptr + slot * WIDTH + cols, tl.load(value_ptr + t * WIDTH + cols), mask=keep)
 
 
 @triton.jit

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from kernels.paged_attention import attend_positions
 
-BLOCK_P = 16
+BLOCK_P = 32
 
 
 def split_kv_attention_reference(
@@ -177,29 +177,32 @@ def _split_kv_kernel(
     last, last_end = tl.load(meta_ptr + part * 4 + 2), tl.load(meta_ptr + part * 4 + 3)
     dims = tl.arange(0, DIM)
     for r in range(NUM_REQS):
-        lo = tl.where(r == first, first_pos, 0)
-        hi = tl.where(r == last, last_end, tl.load(seq_lens_ptr + r))
-        hi = tl.where((r >= first) & (r <= last), hi, 0)  # not this part's request: no keys
-        q = tl.load(q_ptr + (r * HEADS + h) * DIM + dims)
-        m, denom, acc = attend_positions(
-            q,
-            k_cache_ptr,
-            v_cache_ptr,
-            block_table_ptr + r * table_stride,
-            lo,
-            hi,
-            h,
-            scale,
-            block_size,
-            HEADS,
-            DIM,
-            MAX_MODEL_LEN,
-            BLOCK_P,
-        )
-        has_keys = denom > 0
-        lse = tl.where(has_keys, m + tl.log(tl.where(has_keys, denom, 1.0)), float("-inf"))
-        out = tl.where(has_keys, acc / tl.where(has_keys, denom, 1.0), 0.0)
         slot = (part * NUM_REQS + r) * HEADS + h
+        if (r >= first) & (r <= last):  # this part's request (skipped cheaply otherwise)
+            lo = tl.where(r == first, first_pos, 0)
+            hi = tl.where(r == last, last_end, tl.load(seq_lens_ptr + r))
+            q = tl.load(q_ptr + (r * HEADS + h) * DIM + dims)
+            m, denom, acc = attend_positions(
+                q,
+                k_cache_ptr,
+                v_cache_ptr,
+                block_table_ptr + r * table_stride,
+                lo,
+                hi,
+                h,
+                scale,
+                block_size,
+                HEADS,
+                DIM,
+                MAX_MODEL_LEN,
+                BLOCK_P,
+            )
+            has_keys = denom > 0
+            lse = tl.where(has_keys, m + tl.log(tl.where(has_keys, denom, 1.0)), float("-inf"))
+            out = tl.where(has_keys, acc / tl.where(has_keys, denom, 1.0), 0.0)
+        else:  # no keys of this request in this part
+            lse = tl.full([], float("-inf"), tl.float32)
+            out = tl.zeros([DIM], tl.float32)
         tl.store(out_ptr + slot * DIM + dims, out)
         tl.store(lse_ptr + slot, lse)
 

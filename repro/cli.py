@@ -8,6 +8,7 @@ children (harness.isolate).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import traceback
@@ -35,7 +36,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(EXIT_CANNOT_TEST)
-    sys.exit(commands.dispatch(argv))
+    try:
+        code = commands.dispatch(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `repro info BUG | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)
 
 
 def run_alone(bug_id: str) -> None:

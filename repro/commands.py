@@ -194,9 +194,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"{bug.id}: {bug.title}\nupstream:   {bug.upstream}\nsymptom:    {bug.symptom}")
     print(f"root cause: {bug.root_cause}\ntrigger:    {bug.trigger}")
     print(f"buggy:      cpu {bug.buggy_outcome.cpu.value}, cuda {bug.buggy_outcome.cuda.value}")
-    print("fix parts:  (see each with git grep -n 'fix: PART')")
+    print("fix parts:  (see each with git grep -n 'fix: PART'; upstream: where it sits there)")
+    anchors = dict(bug.anchors)
     for part in bug.fix_parts:
-        print(f"  {part.value}")
+        print(f"  {part.value}" + (f"\n    upstream: {anchors[part]}" if part in anchors else ""))
     if bug.history:
         print(f"history:    {bug.history}")
     docs = bug.docs()

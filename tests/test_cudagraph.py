@@ -73,7 +73,7 @@ def test_manager_warms_up_captures_and_dispatches(device) -> None:
     inp = torch.zeros(16, device=device)
     calls = []
 
-    def create_forward_fn(desc: BatchExecutionDescriptor):
+    def create_forward_fn(desc: BatchExecutionDescriptor, warmup: bool = True):
         def forward(mode: CUDAGraphMode) -> torch.Tensor:
             calls.append((desc.num_tokens, mode))
             out = torch.empty(desc.num_tokens, device=device)
@@ -82,18 +82,19 @@ def test_manager_warms_up_captures_and_dispatches(device) -> None:
 
         return forward, None
 
-    descs = [BatchExecutionDescriptor(CUDAGraphMode.FULL, n, n) for n in (4, 8)]
-    manager.capture(descs, create_forward_fn)
-    assert calls == [
-        (8, CUDAGraphMode.NONE),
-        (8, CUDAGraphMode.FULL),
-        (4, CUDAGraphMode.NONE),
-        (4, CUDAGraphMode.FULL),
-    ]
-    assert manager.dispatch(3).num_tokens == 4 and manager.dispatch(5).num_tokens == 8
-    assert manager.dispatch(9) is None
+    full = [BatchExecutionDescriptor(CUDAGraphMode.FULL, n, n, True) for n in (4, 8)]
+    piecewise = [BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, n, n) for n in (4, 8)]
+    manager.capture(full + piecewise, create_forward_fn)
+    # PIECEWISE first (larger activations), then FULL; largest first in each
+    assert [n for n, _ in calls] == [8, 8, 4, 4, 8, 8, 4, 4]
+    assert [m for _, m in calls][:4] == [CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE] * 2
+    assert [m for _, m in calls][4:] == [CUDAGraphMode.NONE, CUDAGraphMode.FULL] * 2
+    dispatch = manager.dispatch
+    assert dispatch(3, 3, True) == full[0] and dispatch(5, 5, True) == full[1]
+    assert dispatch(3, 2, False) == piecewise[0] and dispatch(5, 5, False) == piecewise[1]
+    assert dispatch(9, 1, False) is None and dispatch(3, 3, True, lora_case=2) is None
     inp.copy_(torch.arange(16.0))
-    assert manager.run_fullgraph(manager.dispatch(6)).tolist() == [float(i + 1) for i in range(8)]
+    assert manager.run(dispatch(6, 6, True)).tolist() == [float(i + 1) for i in range(8)]
 
 
 def test_piecewise_runs_outside_work_eagerly_at_every_replay(device) -> None:
@@ -123,7 +124,12 @@ def test_piecewise_runs_outside_work_eagerly_at_every_replay(device) -> None:
 @pytest.mark.parametrize(
     ("mode", "fixes", "order", "kept"),
     [
-        (CUDAGraphMode.FULL, ALL_FIXES, ["factory", "warm-up", "factory", "capture"], 1),
+        (
+            CUDAGraphMode.FULL,
+            ALL_FIXES,
+            ["factory", "warm-up", "factory for capture", "capture"],
+            1,
+        ),
         (
             CUDAGraphMode.FULL,
             ALL_FIXES - {Fix.FRESH_ATTN_STATE_FOR_CAPTURE},
@@ -136,8 +142,8 @@ def test_piecewise_runs_outside_work_eagerly_at_every_replay(device) -> None:
 def test_capture_call_order_and_kept_state(device, mode, fixes, order, kept) -> None:
     manager, events, states = CudaGraphManager(device, Launcher(), fixes), [], []
 
-    def create_forward_fn(desc):
-        events.append("factory")
+    def create_forward_fn(desc, warmup: bool = True):
+        events.append("factory" if warmup else "factory for capture")
         states.append(object())
 
         def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:

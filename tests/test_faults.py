@@ -13,9 +13,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from repro import registry
 from tests import procs
 
-DUMMY = ("lora_dummy_run", "--device", "cpu")  # one scenario, about a second on the CPU
+DUMMY = ("lora_dummy_run", "--device", "cpu", "--scenario", "dummy_run_before_mapping")
+DUMMY_SCENARIOS = len(registry.get("lora_dummy_run").scenarios)
 
 
 def start(tag: str, *argv: str, **kw) -> subprocess.Popen:
@@ -75,11 +77,11 @@ def test_sigint_stops_the_matrix_keeps_what_finished_and_leaves_nothing(tmp_path
     assert proc.returncode == 130, out
     assert "runs as expected" in out, out
     rows = json.loads((tmp_path / "m.json").read_text())
-    assert len(rows) == 40
+    assert len(rows) == 2 * 20 * DUMMY_SCENARIOS
     finished = [r for r in rows if not r["evidence"].startswith("interrupted")]
     assert finished and all(r["outcome"] == r["expected"] for r in finished)
     assert any(r["outcome"] == "skipped" for r in rows)
-    assert ET.parse(tmp_path / "m.xml").getroot().get("tests") == "40"
+    assert ET.parse(tmp_path / "m.xml").getroot().get("tests") == str(len(rows))
     assert procs.survivors(tag) == [], f"left alive after SIGINT ({stopped_s:.1f}s to stop)"
 
 
@@ -111,7 +113,8 @@ def test_killed_server_is_replaced_and_the_matrix_completes() -> None:
     os.kill(victim, signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
-    assert "6/6 runs as expected" in out
+    runs = 2 * 3 * DUMMY_SCENARIOS
+    assert f"{runs}/{runs} runs as expected" in out
     assert procs.survivors(tag) == []
 
 

@@ -9,6 +9,7 @@ from kernels.lora_ops import (
     KernelMeta,
     lora_expand,
     lora_expand_reference,
+    lora_programs,
     lora_shrink,
     lora_shrink_reference,
 )
@@ -76,3 +77,20 @@ def test_no_lora_flag_returns_before_launching(device) -> None:
         launch=lambda fn, *a, **k: launched.append(fn),
     )
     assert launched == [] and bool(meta.no_lora_flag_cpu[0])
+
+
+@pytest.mark.parametrize(
+    ("specialize", "active", "programs"),
+    [(False, 1, 3), (False, 3, 3), (True, 1, 1), (True, 3, 3), (True, 0, 0)],
+)
+def test_launch_modes(device, specialize, active, programs) -> None:
+    """Default: max_loras + 1 LoRA programs whatever the batch; specialised: as many as
+    num_active_loras_cpu says (none: no launch)."""
+    meta = make_meta([0, 1, -1], 2, device)
+    meta.num_active_loras_cpu[0] = active
+    grids = []
+    x, buffer = torch.ones(3, 32, device=device), torch.zeros(1, 3, 16, device=device)
+    lora_a = torch.ones(1, 2, 16, 32, device=device)
+    lora_shrink(x, lora_a, buffer, meta, 1.0, lambda fn, *a, **k: grids.append(fn), specialize)
+    assert lora_programs(meta, 2, specialize) == programs
+    assert len(grids) == (programs > 0)

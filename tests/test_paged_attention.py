@@ -56,3 +56,12 @@ def test_cache_then_attend_matches_reference(device, block_size) -> None:
     )
     expected = paged_attention_reference(q, k_ref, v_ref, table, token_rows, positions, dim**-0.5)
     torch.testing.assert_close(out.cpu().double(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_padding_slots_write_nothing(device) -> None:
+    k_cache = torch.zeros(2, 4, 2, 16, device=device)
+    v_cache = torch.zeros_like(k_cache)
+    key = torch.ones(3, 2, 16, device=device)
+    reshape_and_cache(key, key, k_cache, v_cache, torch.tensor([5, -1, -1], device=device))
+    written = (k_cache.reshape(8, -1) != 0).any(-1).nonzero().flatten().tolist()
+    assert written == [5], f"slots written: {written}"

@@ -1,4 +1,5 @@
-"""The miniature runner's LoRA plumbing and forward, on the run's device."""
+"""The miniature runner's plumbing and forward, on the run's device: LoRA mapping and metas,
+persistent inputs with padding, graph modes and dispatch, LoRA capture cases."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import pytest
 import torch
 
 from harness.fixes import ALL_FIXES, Fix
-from harness.oracle import decoder_reference
+from harness.oracle import close, step_problems
+from harness.reference import step_reference
+from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import InputBuffers, Request
 from harness.runner.lora import LoRAKernelMeta, LoRAMapping, LoRAModelManager, convert_mapping
 from harness.runner.model_runner import ModelRunner, RunnerConfig
 
 INT32_MAX = torch.iinfo(torch.int32).max
+MIXED = [Request("a", (1, 2, 3), 4), Request("b", (5, 6), 0), Request("c", (63,), 4)]
 
 
 def test_convert_mapping_slots_and_offsets() -> None:
@@ -44,7 +48,7 @@ def test_prepare_tensors(device) -> None:
 def test_shared_wrappers_are_handled_once(device) -> None:
     runner = ModelRunner(RunnerConfig(device))
     manager = runner.lora_manager._adapter_manager
-    assert len(manager.punica_wrapper_mapping) == 3
+    assert len(manager.punica_wrapper_mapping) == 4
     wrappers = manager.distinct_wrappers()
     assert len(wrappers) == 2 and wrappers[0] is not wrappers[1]
 
@@ -53,8 +57,7 @@ def test_set_adapter_mapping_skips_an_equal_mapping(device) -> None:
     runner = ModelRunner(RunnerConfig(device))
     manager: LoRAModelManager = runner.lora_manager._adapter_manager
     meta = manager.distinct_wrappers()[0].token_mapping_meta
-    mapping = LoRAMapping((0, 0, 0), (0,), True)
-    manager.set_adapter_mapping(mapping)
+    manager.set_adapter_mapping(LoRAMapping((0, 0, 0), (0,), True))
     assert meta.no_lora_flag_cpu[0]
     meta.no_lora_flag_cpu[0] = False
     manager.set_adapter_mapping(LoRAMapping((0, 0, 0), (0,), True))
@@ -65,38 +68,93 @@ def test_set_adapter_mapping_skips_an_equal_mapping(device) -> None:
 
 @pytest.mark.parametrize(
     ("fixes", "flag", "active"),
-    [
-        (ALL_FIXES, False, 1),
-        (ALL_FIXES - {Fix.LORA_CAPTURE_LAUNCH}, True, 0),
-    ],
+    [(ALL_FIXES, False, 1), (ALL_FIXES - {Fix.LORA_CAPTURE_LAUNCH}, True, 0)],
 )
 def test_dummy_branch_fix_parts(device, fixes, flag, active) -> None:
     runner = ModelRunner(RunnerConfig(device, fixes))
     runner.execute_model(dummy_run=True, num_tokens=4, num_reqs=1)
     for wrapper in runner.lora_manager._adapter_manager.distinct_wrappers():
         for meta in (wrapper.token_mapping_meta, wrapper.prompt_mapping_meta):
-            assert (bool(meta.no_lora_flag_cpu[0]), int(meta.num_active_loras_cpu[0])) == (
-                flag,
-                active,
-            )
+            state = (bool(meta.no_lora_flag_cpu[0]), int(meta.num_active_loras_cpu[0]))
+            assert state == (flag, active)
 
 
-def test_eager_forward_matches_reference_and_lora_changes_it(device) -> None:
+def test_eager_step_matches_reference_and_every_lora_changes_it(device) -> None:
     runner = ModelRunner(RunnerConfig(device))
-    slot = runner.add_lora(4, seed=9)
-    requests = [Request("a", (1, 2, 3), 4), Request("b", (5, 6), 0), Request("c", (63,), 4)]
-    logits = runner.execute_model(requests, use_cudagraph=False).double().cpu()
-    tokens, slots = [1, 2, 3, 5, 6, 63], [slot, slot, slot, -1, -1, slot]
-    expected = decoder_reference(runner.model, tokens, slots)
-    assert torch.equal(logits, expected), (logits - expected).abs().max()
-    assert not torch.equal(expected, decoder_reference(runner.model, tokens, [-1] * 6))
+    runner.add_lora(4, seed=9)
+    out = runner.execute_model(MIXED, use_cudagraph=False)
+    hidden, logits = step_reference(runner, MIXED)
+    assert not any(step_problems("mixed", out, (hidden, logits)))
+    model = runner.model
+    for name in ("embed_b", "mlp_b", "expert_b", "head_b"):  # each adapter part is seen
+        saved = getattr(model, name).clone()
+        getattr(model, name).zero_()
+        assert close(name, out.logits, step_reference(runner, MIXED)[1]), f"{name} unseen"
+        getattr(model, name).copy_(saved)
 
 
-def test_input_buffers_keep_addresses_and_reject_overflow(device) -> None:
-    buffers = InputBuffers(max_num_tokens=8, max_num_reqs=2, device=device)
+def test_dummy_run_writes_nothing_to_the_kv_cache(device) -> None:
+    runner = ModelRunner(RunnerConfig(device))
+    before = [c.clone() for c in runner.kv_cache.k_caches]
+    runner.execute_model(dummy_run=True, num_tokens=8, num_reqs=2)
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.kv_cache.k_caches, strict=True))
+
+
+def test_input_buffers_pad_in_place_and_reject_overflow(device) -> None:
+    buffers = InputBuffers(max_num_tokens=8, max_num_reqs=4, device=device)
     ptr = buffers.input_ids.data_ptr()
-    batch = buffers.prepare([Request("a", (4, 5), 1), Request("b", (6,))], 4)
+    batch = buffers.prepare([Request("a", (4, 5), 1), Request("b", (6,), 0, 7)], 4, 3)
     assert batch.input_ids.tolist() == [4, 5, 6, 0] and buffers.input_ids.data_ptr() == ptr
-    assert batch.token_lora_ids == (1, 1, 0, 0) and batch.query_start_loc.tolist() == [0, 2, 3]
+    assert batch.positions.tolist() == [0, 1, 7, 0] and batch.token_rows.tolist() == [0, 0, 1, 0]
+    assert batch.query_start_loc.tolist() == [0, 2, 3, 3] and batch.seq_lens.tolist() == [2, 8, 1]
+    assert batch.logits_indices.tolist() == [1, 2, 0]
+    assert batch.token_lora_ids == (1, 1, 0, 0) and batch.req_lora_ids == (1, 0, 0)
+    assert not batch.uniform_decode
+    decode = buffers.prepare([Request("a", (4,), 0, 3), Request("b", (6,), 0, 9)], 3, 3)
+    assert decode.uniform_decode
     with pytest.raises(ValueError, match="over the buffers"):
-        buffers.prepare([Request("a", tuple(range(9)))], 9)
+        buffers.prepare([Request("a", tuple(range(9)))], 9, 1)
+
+
+def _descs(runner: ModelRunner) -> set[tuple]:
+    graphs = runner.cudagraph_manager.graphs
+    return {(d.cg_mode.value, d.num_tokens, d.num_reqs, d.uniform_decode) for d in graphs}
+
+
+def test_full_and_piecewise_capture_and_dispatch(device) -> None:
+    mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    runner = ModelRunner(RunnerConfig(device, cudagraph_mode=mode, cudagraph_sizes=(4, 16)))
+    runner.add_lora(4, seed=9)
+    runner.capture_model()
+    assert _descs(runner) == {
+        ("piecewise", 4, 4, False),
+        ("piecewise", 16, 8, False),
+        ("full", 4, 4, True),
+    }
+    graphs = {d.cg_mode: g for d, g in runner.cudagraph_manager.graphs.items()}
+    assert "eager attention_op" in graphs[CUDAGraphMode.PIECEWISE].launches
+    assert "paged_attention" in graphs[CUDAGraphMode.FULL].launches
+    decode = [Request("a", (3,), 0, 5), Request("b", (4,), 0, 2)]
+    for requests, want in ((decode, ("full", 4)), (MIXED, ("piecewise", 16))):
+        if requests is decode:  # the decode steps need their context in the cache
+            for row, n in enumerate((6, 3)):
+                runner.kv_cache.ensure_blocks(row, n)
+        replay = runner.execute_model(requests)
+        assert (replay.desc.cg_mode.value, replay.desc.num_tokens) == want
+        replay = type(replay)(replay.hidden_states.clone(), replay.logits.clone())
+        eager = runner.execute_model(requests, use_cudagraph=False)
+        assert not any(step_problems(str(want), eager, step_reference(runner, requests), replay))
+
+
+def test_specialized_lora_captures_one_case_per_active_count(device) -> None:
+    config = RunnerConfig(device, cudagraph_sizes=(8,), specialize_active_lora=True)
+    runner = ModelRunner(config)
+    runner.add_lora(1, seed=1)
+    runner.add_lora(2, seed=2)
+    runner.capture_model()
+    cases = sorted(d.num_active_loras for d in runner.cudagraph_manager.graphs)
+    assert cases == [1, 2, 3]  # adapters plus one LoRA program for the base model (-1)
+    base = runner.execute_model([Request("a", (1, 2), 0)])
+    one = runner.execute_model([Request("a", (1, 2), 1), Request("b", (3,), 0)])
+    both = runner.execute_model([Request("a", (1,), 1), Request("b", (3,), 2)])
+    assert [o.desc.num_active_loras for o in (base, one, both)] == [1, 2, 3]

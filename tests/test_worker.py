@@ -42,8 +42,13 @@ def test_weights_survive_sleep(device, level) -> None:
     assert torch.equal(worker.model_runner.model.embed, before)
 
 
-def test_bad_sleep_level_and_runner_without_pools(device) -> None:
+def test_bad_sleep_level(device) -> None:
     with pytest.raises(ValueError, match="sleep level must be 1 or 2"):
         _worker(device).sleep(3)
-    with pytest.raises(RuntimeError, match="tagged memory pools"):
-        ModelRunner(RunnerConfig(device)).initialize_kv_cache()
+
+
+def test_the_runner_lives_in_the_workers_pools(device) -> None:
+    worker = _worker(device)
+    runner = worker.model_runner
+    assert runner.pools is worker.pools
+    assert ModelRunner(RunnerConfig(device)).pools is not worker.pools

@@ -29,13 +29,16 @@ class CUDAGraphMode(enum.Enum):
     NONE = "none"  # eager
     PIECEWISE = "piecewise"  # graphs around the attention, which runs eagerly
     FULL = "full"  # the whole forward in one graph
+    FULL_AND_PIECEWISE = "full_and_piecewise"  # FULL for uniform decode batches, else PIECEWISE
 
 
 @dataclass(frozen=True, slots=True)
 class BatchExecutionDescriptor:
-    cg_mode: CUDAGraphMode
+    cg_mode: CUDAGraphMode  # FULL or PIECEWISE
     num_tokens: int  # padded size the graph was captured for
-    num_reqs: int
+    num_reqs: int  # padded requests
+    uniform_decode: bool = False  # captured for one token per request
+    num_active_loras: int | None = None  # the LoRA capture case (specialised LoRA only)
 
 
 def _name(fn: Callable[..., object]) -> str:
@@ -134,28 +137,32 @@ def capturing(
         launcher.recording = launcher.names = launcher.split = None
 
 
-ForwardFn = Callable[[CUDAGraphMode], torch.Tensor]
+ForwardFn = Callable[[CUDAGraphMode], object]
 AttnState = object
 
 
 class CudaGraphManager:
-    """Captures one graph per batch descriptor into a shared pool; replays on dispatch."""
+    """Captures one graph per batch descriptor into a shared pool; dispatches and replays."""
 
     def __init__(self, device: str, launcher: Launcher, fixes: Variant = ALL_FIXES) -> None:
         self.device, self.fixes = device, fixes
         self.launcher = launcher
         self.pool = torch.cuda.graph_pool_handle() if device == "cuda" else None
         self.graphs: dict[BatchExecutionDescriptor, Graph] = {}
-        self.outputs: dict[BatchExecutionDescriptor, torch.Tensor] = {}
+        self.outputs: dict[BatchExecutionDescriptor, object] = {}
         self.captured_attn_states: dict[BatchExecutionDescriptor, AttnState] = {}
 
     def capture(
         self,
         descs: list[BatchExecutionDescriptor],
-        create_forward_fn: Callable[[BatchExecutionDescriptor], tuple[ForwardFn, AttnState]],
+        create_forward_fn: Callable[..., tuple[ForwardFn, AttnState]],
     ) -> None:
-        """Per descriptor, largest first: warm up eagerly, then capture in its mode."""
-        for desc in sorted(descs, key=lambda d: -d.num_tokens):
+        """PIECEWISE descriptors first (their activations are the larger), then FULL; each
+        largest first. Per descriptor: warm up eagerly, then capture in its mode.
+        `create_forward_fn(desc)` makes a forward function and its attention state;
+        `create_forward_fn(desc, warmup=False)`, one for capture."""
+        order = sorted(descs, key=lambda d: (d.cg_mode != CUDAGraphMode.PIECEWISE, -d.num_tokens))
+        for desc in order:
             forward_fn, attn_state = create_forward_fn(desc)
             forward_fn(CUDAGraphMode.NONE)  # warm-up: allocations, lazy init, autotuning
             if (
@@ -163,18 +170,30 @@ class CudaGraphManager:
                 and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes
             ):
                 # fix: fresh_attn_state_for_capture -- lazy attention init must run in the graph.
-                forward_fn, attn_state = create_forward_fn(desc)
+                forward_fn, attn_state = create_forward_fn(desc, warmup=False)
             self.captured_attn_states[desc] = attn_state
             piecewise = desc.cg_mode == CUDAGraphMode.PIECEWISE
             with capturing(self.launcher, self.device, self.pool, piecewise) as graph:
                 self.outputs[desc] = forward_fn(desc.cg_mode)
             self.graphs[desc] = graph
 
-    def dispatch(self, num_tokens: int) -> BatchExecutionDescriptor | None:
-        """The smallest captured descriptor that fits, or None (run eagerly)."""
-        fits = [d for d in self.graphs if d.num_tokens >= num_tokens]
-        return min(fits, key=lambda d: d.num_tokens) if fits else None
+    def dispatch(
+        self, num_tokens: int, num_reqs: int, uniform_decode: bool, lora_case: int | None = None
+    ) -> BatchExecutionDescriptor | None:
+        """The smallest captured descriptor that fits: a uniform-decode one first, for a
+        uniform decode batch; None: run eagerly."""
+        fits = [
+            d
+            for d in self.graphs
+            if d.num_tokens >= num_tokens
+            and d.num_reqs >= num_reqs
+            and d.num_active_loras == lora_case
+            and (uniform_decode or not d.uniform_decode)
+        ]
+        best = lambda d: (not d.uniform_decode, d.num_tokens)
+        return min(fits, key=best) if fits else None
 
-    def run_fullgraph(self, desc: BatchExecutionDescriptor) -> torch.Tensor:
+    def run(self, desc: BatchExecutionDescriptor) -> object:
+        """Replay the graph of `desc`; its outputs (buffers the replay refreshed)."""
         self.graphs[desc].replay()
         return self.outputs[desc]

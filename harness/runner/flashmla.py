@@ -1,30 +1,27 @@
-"""A FlashMLA-style decode attention backend whose split-KV schedule is planned lazily, and the
-decode steps the graph manager captures with it.
+"""A FlashMLA-style split-KV decode backend whose schedule is planned lazily, and a speculator's
+draft attention that reuses the target's captured attention states.
 
-NOTE: the schedule object starts empty; the first forward that uses it allocates the plan and
+NOTE: a schedule state starts empty; the first forward that uses it allocates the plan and
 launches the planner (reading the live seq_lens), later forwards reuse the plan. Reuse is valid
-only while the lengths are unchanged, and nothing checks that (upstream's contract).
+only while the lengths are unchanged, and nothing checks that (upstream's contract). Eager
+steps and the attention a PIECEWISE graph runs between its pieces get a fresh state per step; a
+FULL graph holds the state it was captured with (vLLM #42444: it must be fresh at capture, so
+that the planner is recorded).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from harness.fixes import Variant
-from harness.runner.cudagraph import (
-    BatchExecutionDescriptor,
-    CudaGraphManager,
-    CUDAGraphMode,
-    Launcher,
-)
-from harness.runner.kv_cache import KVCache
-from harness.runner.sleep_mode import make_pools
+from harness.runner.cudagraph import BatchExecutionDescriptor, CudaGraphManager, Launcher
 from kernels.split_kv_attention import combine_splits, plan_schedule, split_kv_attention
 
 
-@dataclass
+@dataclass(eq=False)
 class FlashMLASchedMeta:
     """The attention state a forward function carries (upstream's name)."""
 
@@ -32,122 +29,92 @@ class FlashMLASchedMeta:
     num_splits: torch.Tensor | None = None  # [num_reqs] int32
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeShape:
-    num_reqs: int = 4
-    num_heads: int = 2
-    head_dim: int = 16
-    block_size: int = 4
-    num_blocks: int = 64
-    max_model_len: int = 48
-    num_parts: int = 4  # planner partitions; a power of two
-
-
 class FlashMLABackend:
-    def __init__(self, shape: DecodeShape, device: str) -> None:
-        self.shape, self.device = shape, device
-        # NOTE: persistent: captured graphs read the live lengths from this buffer
-        self.seq_lens = torch.zeros(shape.num_reqs, dtype=torch.int32, device=device)
-
-    def build_metadata(self, seq_lens: list[int]) -> None:
-        """Write this step's lengths in place (same address every step)."""
-        self.seq_lens.copy_(torch.tensor(seq_lens, dtype=torch.int32))
+    def __init__(self, num_parts: int, max_model_len: int, device: str) -> None:
+        self.num_parts, self.max_model_len, self.device = num_parts, max_model_len, device
 
     def forward(
-        self, state: FlashMLASchedMeta, query, k_cache, v_cache, block_table, out, launch: Launcher
+        self,
+        state: FlashMLASchedMeta,
+        query: torch.Tensor,  # [num_reqs, heads, dim]
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,  # [num_reqs, max_num_blocks] int32
+        seq_lens: torch.Tensor,  # [num_reqs] int32, live
+        out: torch.Tensor,  # [num_reqs, heads, dim]
+        scale: float,
+        launch: Launcher,
     ) -> None:
-        s = self.shape
+        rows = query.shape[0]
         if state.tile_scheduler_metadata is None:  # lazy: plan on first use
-            state.tile_scheduler_metadata = torch.empty(
-                s.num_parts, 4, dtype=torch.int32, device=self.device
-            )
-            state.num_splits = torch.empty(s.num_reqs, dtype=torch.int32, device=self.device)
-            launch(plan_schedule, self.seq_lens, state.tile_scheduler_metadata, state.num_splits)
-        partial_out = torch.empty(s.num_parts, *query.shape, device=self.device)
-        partial_lse = torch.empty(s.num_parts, *query.shape[:2], device=self.device)
+            i32 = dict(dtype=torch.int32, device=self.device)
+            state.tile_scheduler_metadata = torch.empty(self.num_parts, 4, **i32)
+            state.num_splits = torch.empty(rows, **i32)
+            launch(plan_schedule, seq_lens, state.tile_scheduler_metadata, state.num_splits)
+        partial_out = torch.empty(self.num_parts, *query.shape, device=self.device)
+        partial_lse = torch.empty(self.num_parts, *query.shape[:2], device=self.device)
         launch(
             split_kv_attention,
             query,
             k_cache,
             v_cache,
             block_table,
-            self.seq_lens,
+            seq_lens,
             state.tile_scheduler_metadata,
             partial_out,
             partial_lse,
-            s.head_dim**-0.5,
-            s.max_model_len,
+            scale,
+            self.max_model_len,
         )
         launch(combine_splits, partial_out, partial_lse, out)
 
 
-class DecodeAttention:
-    """Decode steps of one attention layer over a seeded paged KV cache, eager or replayed."""
+@dataclass(frozen=True, slots=True)
+class DraftInputs:
+    """What a draft step reads: the target's sampled hidden states and layer 0's KV cache."""
+
+    hidden: torch.Tensor  # [num_reqs, hidden] (the target's graph output, or an eager one)
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor  # [num_reqs, max_num_blocks] int32
+    seq_lens: torch.Tensor  # [num_reqs] int32, live
+
+
+class DraftAttention:
+    """A speculator's decode attention (query: the target's normalized sampled hidden state)
+    with graphs of its own that reuse the target's captured attention states (upstream: the
+    speculator's prefill graph manager). Its warm-up runs with a state of its own, planned
+    then; its capture with the target's, so that at replay it reads the plan the target's
+    graph has just made."""
 
     def __init__(
-        self, device: str, fixes: Variant, shape: DecodeShape = DecodeShape(), seed: int = 0
+        self,
+        backend: FlashMLABackend,
+        num_heads: int,
+        normalize: Callable[[torch.Tensor, torch.Tensor], None],
+        fixes: Variant,
     ) -> None:
-        self.device, self.shape = device, shape
-        s, gen = shape, torch.Generator().manual_seed(seed)
-        self.kv = KVCache(
-            (s.block_size,),
-            s.num_blocks,
-            s.num_heads,
-            s.head_dim,
-            s.num_reqs,
-            s.num_reqs,
-            s.max_model_len,
-            make_pools(device),
-            seed,
-        )
-        for cache in (*self.kv.k_caches, *self.kv.v_caches):
-            cache.copy_(torch.randn(cache.shape, generator=gen))
-        self.backend = FlashMLABackend(shape, device)
+        self.backend, self.num_heads, self.normalize = backend, num_heads, normalize
         self.launch = Launcher()
-        self.graphs = CudaGraphManager(device, self.launch, fixes)
-        self.query = torch.zeros(s.num_reqs, s.num_heads, s.head_dim, device=device)
-        self.out = torch.zeros_like(self.query)
-        self.rows = torch.arange(s.num_reqs, dtype=torch.int32, device=device)
-        self.desc = BatchExecutionDescriptor(CUDAGraphMode.FULL, s.num_reqs, s.num_reqs)
+        self.graphs = CudaGraphManager(backend.device, self.launch, fixes)
 
-    def prepare(self, seq_lens: list[int], seed: int) -> None:
-        """Blocks, block table, lengths and queries of a step, all written in place."""
-        self.kv.reset()
-        for row, length in enumerate(seq_lens):
-            self.kv.ensure_blocks(row, length)
-        self.block_table = self.kv.block_tables.gather_block_tables(self.rows)[0]
-        self.backend.build_metadata(seq_lens)
-        gen = torch.Generator().manual_seed(seed)
-        self.query.copy_(torch.randn(self.query.shape, generator=gen))
+    def forward(self, state: FlashMLASchedMeta, x: DraftInputs) -> torch.Tensor:
+        rows, width = x.hidden.shape
+        query = torch.empty(rows, self.num_heads, width // self.num_heads, device=x.hidden.device)
+        self.launch(self.normalize, x.hidden, query.view(rows, width))
+        out, scale = torch.empty_like(query), (width // self.num_heads) ** -0.5
+        self.backend.forward(
+            state, query, x.k_cache, x.v_cache, x.block_table, x.seq_lens, out, scale, self.launch
+        )
+        return out
 
-    def create_forward_fn(self, desc: BatchExecutionDescriptor):
-        state = FlashMLASchedMeta()
+    def capture(
+        self,
+        target_states: dict[BatchExecutionDescriptor, FlashMLASchedMeta],
+        inputs: Callable[[BatchExecutionDescriptor], DraftInputs],
+    ) -> None:
+        def create_forward_fn(desc: BatchExecutionDescriptor, warmup: bool = True):
+            state = FlashMLASchedMeta() if warmup else target_states[desc]
+            return (lambda mode: self.forward(state, inputs(desc))), state
 
-        def forward_fn(mode: CUDAGraphMode) -> torch.Tensor:
-            self.backend.forward(
-                state,
-                self.query,
-                self.kv.k_caches[0],
-                self.kv.v_caches[0],
-                self.block_table,
-                self.out,
-                self.launch,
-            )
-            return self.out
-
-        return forward_fn, state
-
-    def capture(self, warmup_lens: list[int]) -> None:
-        """Warm up and capture with dummy lengths, as a runner does at start."""
-        self.prepare(warmup_lens, seed=0)
-        self.graphs.capture([self.desc], self.create_forward_fn)
-
-    def replay(self, seq_lens: list[int], seed: int) -> torch.Tensor:
-        self.prepare(seq_lens, seed)
-        return self.graphs.run_fullgraph(self.desc).clone()
-
-    def eager(self, seq_lens: list[int], seed: int) -> torch.Tensor:
-        """A step with a fresh schedule (planned for these lengths)."""
-        self.prepare(seq_lens, seed)
-        forward_fn, _ = self.create_forward_fn(self.desc)
-        return forward_fn(CUDAGraphMode.NONE).clone()
+        self.graphs.capture(list(target_states), create_forward_fn)

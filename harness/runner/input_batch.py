@@ -1,7 +1,9 @@
 """Persistent input buffers and the InputBatch views a step runs on.
 
 NOTE: the buffers keep their addresses for the runner's lifetime: captured graphs read them, so
-every batch is written into them in place.
+every batch is written into them in place. A batch may be padded (to a captured graph's size):
+padding tokens are id 0 at position 0 of row 0, without LoRA and without a KV-cache slot;
+padding requests are empty, of length 1, sampled from token 0.
 """
 
 from __future__ import annotations
@@ -24,60 +26,104 @@ class InputBatch:
     num_reqs: int
     num_tokens: int
     num_tokens_after_padding: int
-    input_ids: torch.Tensor  # [num_tokens_after_padding], view of the persistent buffer
-    positions: torch.Tensor  # [num_tokens_after_padding]
-    query_start_loc: torch.Tensor  # [num_reqs + 1]
-    idx_mapping: torch.Tensor  # [num_reqs] request -> state slot
+    num_reqs_after_padding: int
+    input_ids: torch.Tensor  # [num_tokens_after_padding], views of the persistent buffers
+    positions: torch.Tensor  # [num_tokens_after_padding] int64
+    token_rows: torch.Tensor  # [num_tokens_after_padding] int32, batch row of each token
+    query_start_loc: torch.Tensor  # [num_reqs_after_padding + 1] int32
+    idx_mapping: torch.Tensor  # [num_reqs_after_padding] int32, batch row -> request state row
+    seq_lens: torch.Tensor  # [num_reqs_after_padding] int32, tokens in the KV cache after the step
+    logits_indices: torch.Tensor  # [num_reqs_after_padding] int64, the sampled token of a row
     token_lora_ids: tuple[int, ...]  # [num_tokens_after_padding], 0 for padding
-    req_lora_ids: tuple[int, ...]  # [num_reqs]
+    req_lora_ids: tuple[int, ...]  # [num_reqs_after_padding], 0 for padding
+    is_dummy: bool = False
+
+    @property
+    def uniform_decode(self) -> bool:
+        """One token per request, padding included: what FULL decode graphs and the split-KV
+        decode backend serve."""
+        rows = self.num_reqs_after_padding
+        return self.num_tokens_after_padding == rows and self.num_tokens == self.num_reqs
 
 
 class InputBuffers:
     def __init__(self, max_num_tokens: int, max_num_reqs: int, device: str) -> None:
         self.max_num_tokens, self.max_num_reqs = max_num_tokens, max_num_reqs
-        self.input_ids = torch.zeros(max_num_tokens, dtype=torch.long, device=device)
-        self.positions = torch.zeros(max_num_tokens, dtype=torch.long, device=device)
-        self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.int32, device=device)
-        self.idx_mapping = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
+        tokens = lambda dtype: torch.zeros(max_num_tokens, dtype=dtype, device=device)
+        reqs = lambda n, dtype: torch.zeros(n, dtype=dtype, device=device)
+        self.input_ids, self.positions = tokens(torch.long), tokens(torch.long)
+        self.token_rows = tokens(torch.int32)
+        self.query_start_loc = reqs(max_num_reqs + 1, torch.int32)
+        self.idx_mapping, self.seq_lens = (
+            reqs(max_num_reqs, torch.int32),
+            reqs(max_num_reqs, torch.int32),
+        )
+        self.logits_indices = reqs(max_num_reqs, torch.long)
 
-    def _batch(self, num_reqs, num_tokens, padded, token_lora_ids, req_lora_ids) -> InputBatch:
+    def _write(self, lengths: list[int], starts: list[int], padded: int, padded_reqs: int) -> None:
+        """Rows, positions, offsets, lengths and sampled tokens of requests of `lengths` tokens
+        whose first token sits at position `starts[r]`."""
+        n, r = sum(lengths), len(lengths)
+        if not 0 < n <= padded <= self.max_num_tokens or not r <= padded_reqs <= self.max_num_reqs:
+            raise ValueError(
+                f"{r} requests, {n} tokens padded to {padded_reqs} requests, {padded} tokens: "
+                f"over the buffers ({self.max_num_reqs} requests, {self.max_num_tokens} tokens)"
+            )
+        rows = [row for row, length in enumerate(lengths) for _ in range(length)]
+        positions = [
+            s + p for s, length in zip(starts, lengths, strict=True) for p in range(length)
+        ]
+        ends = torch.cumsum(torch.tensor(lengths), 0).tolist()
+        pad, pad_reqs = padded - n, padded_reqs - r
+        self.token_rows[:padded].copy_(torch.tensor(rows + [0] * pad))
+        self.positions[:padded].copy_(torch.tensor(positions + [0] * pad))
+        self.query_start_loc[: padded_reqs + 1].copy_(torch.tensor([0, *ends] + [n] * pad_reqs))
+        self.idx_mapping[:padded_reqs].copy_(torch.tensor(list(range(r)) + [0] * pad_reqs))
+        seq_lens = [s + length for s, length in zip(starts, lengths, strict=True)]
+        self.seq_lens[:padded_reqs].copy_(torch.tensor(seq_lens + [1] * pad_reqs))
+        self.logits_indices[:padded_reqs].copy_(
+            torch.tensor([e - 1 for e in ends] + [0] * pad_reqs)
+        )
+
+    def _batch(self, n, r, padded, padded_reqs, token_loras, req_loras, dummy) -> InputBatch:
         return InputBatch(
-            num_reqs,
-            num_tokens,
+            r,
+            n,
             padded,
+            padded_reqs,
             self.input_ids[:padded],
             self.positions[:padded],
-            self.query_start_loc[: num_reqs + 1],
-            self.idx_mapping[:num_reqs],
-            token_lora_ids,
-            req_lora_ids,
+            self.token_rows[:padded],
+            self.query_start_loc[: padded_reqs + 1],
+            self.idx_mapping[:padded_reqs],
+            self.seq_lens[:padded_reqs],
+            self.logits_indices[:padded_reqs],
+            token_loras,
+            req_loras,
+            dummy,
         )
 
-    def prepare(self, requests: list[Request], num_tokens_after_padding: int) -> InputBatch:
-        """Write the requests' tokens in place; padding tokens are id 0 on no LoRA."""
-        ids = [t for r in requests for t in r.token_ids]
-        n, padded = len(ids), num_tokens_after_padding
-        if not 0 < n <= padded <= self.max_num_tokens or len(requests) > self.max_num_reqs:
-            raise ValueError(
-                f"{len(requests)} requests, {n} tokens padded to {padded}: over the "
-                f"buffers ({self.max_num_reqs} requests, {self.max_num_tokens} tokens)"
-            )
+    def prepare(self, requests: list[Request], padded: int, padded_reqs: int) -> InputBatch:
+        """Write the requests' tokens in place, padded to `padded` tokens, `padded_reqs` rows."""
         lengths = [len(r.token_ids) for r in requests]
-        self.input_ids[:padded].copy_(torch.tensor(ids + [0] * (padded - n)))
-        positions = [r.num_computed_tokens + p for r in requests for p in range(len(r.token_ids))]
-        self.positions[:padded].copy_(torch.tensor(positions + [0] * (padded - n)))
-        starts = torch.cumsum(torch.tensor([0, *lengths]), 0)
-        self.query_start_loc[: len(requests) + 1].copy_(starts)
-        self.idx_mapping[: len(requests)].copy_(torch.arange(len(requests)))
-        token_loras = tuple(r.lora_id for r in requests for _ in r.token_ids) + (0,) * (padded - n)
-        return self._batch(
-            len(requests), n, padded, token_loras, tuple(r.lora_id for r in requests)
-        )
+        self._write(lengths, [r.num_computed_tokens for r in requests], padded, padded_reqs)
+        ids = [t for r in requests for t in r.token_ids]
+        n, pad, pad_reqs = len(ids), padded - len(ids), padded_reqs - len(requests)
+        self.input_ids[:padded].copy_(torch.tensor(ids + [0] * pad))
+        token_loras = tuple(r.lora_id for r in requests for _ in r.token_ids) + (0,) * pad
+        req_loras = tuple(r.lora_id for r in requests) + (0,) * pad_reqs
+        return self._batch(n, len(requests), padded, padded_reqs, token_loras, req_loras, False)
 
     def dummy(self, num_tokens: int, num_reqs: int) -> InputBatch:
-        """A dummy batch (warm-up, profile, capture): token id 0, no LoRA ids set."""
+        """A dummy batch (profile, warm-up, capture): token id 0 (dummy_lengths), no LoRA ids
+        set."""
+        self._write(dummy_lengths(num_tokens, num_reqs), [0] * num_reqs, num_tokens, num_reqs)
         self.input_ids[:num_tokens].zero_()
-        self.positions[:num_tokens].zero_()
-        self.query_start_loc[: num_reqs + 1].zero_()
-        self.idx_mapping[:num_reqs].zero_()
-        return self._batch(num_reqs, num_tokens, num_tokens, (0,) * num_tokens, (0,) * num_reqs)
+        zeros = (0,) * num_tokens, (0,) * num_reqs
+        return self._batch(num_tokens, num_reqs, num_tokens, num_reqs, *zeros, True)
+
+
+def dummy_lengths(num_tokens: int, num_reqs: int) -> list[int]:
+    """A dummy batch's tokens per request: split evenly, the last request takes the rest."""
+    lengths = [num_tokens // num_reqs] * (num_reqs - 1)
+    return [*lengths, num_tokens - sum(lengths)]

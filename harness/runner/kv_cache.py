@@ -1,17 +1,39 @@
 """The paged KV cache of every group, its block tables and block allocation, in the kv_cache
-memory pool; and the attention metadata of one step."""
+memory pool; and the attention metadata of one step.
+
+NOTE: the metadata of a step is views of persistent buffers (input buffers, block tables, slot
+mappings), refreshed in place every step: a captured graph, and the attention a PIECEWISE
+graph runs eagerly between its pieces, read the live step through them.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 
 from harness.runner.block_table import BlockTables
 from harness.runner.input_batch import InputBatch
-from harness.runner.model import AttentionMetadata
 from harness.runner.sleep_mode import TaggedPools
 
 TAG = "kv_cache"
+
+
+@dataclass(eq=False)
+class AttentionMetadata:
+    """One step's KV-cache view (batch rows and tokens, padding included)."""
+
+    k_caches: list[torch.Tensor]  # per group [num_blocks, block_size, heads, head_dim]
+    v_caches: list[torch.Tensor]
+    slot_mappings: torch.Tensor  # [num_groups, num_tokens] int64, -1 for padding
+    block_tables: list[torch.Tensor]  # per group [num_reqs, max_num_blocks] int32
+    token_rows: torch.Tensor  # [num_tokens] int32, batch row of each token
+    positions: torch.Tensor  # [num_tokens] int64
+    seq_lens: torch.Tensor  # [num_reqs] int32
+    max_model_len: int
+    uniform_decode: bool  # one token per request: the split-KV decode backend may serve it
+    sched: object | None = None  # the decode backend's lazily planned state (flashmla.py)
 
 
 class KVCache:
@@ -45,6 +67,12 @@ class KVCache:
         ]
         self.blocks: dict[int, list[list[int]]] = {}
 
+    def fill_random(self, seed: int) -> None:
+        """Seeded K/V everywhere: the context of requests whose earlier steps are not run."""
+        gen = torch.Generator().manual_seed(seed)
+        for cache in (*self.k_caches, *self.v_caches):
+            cache.copy_(torch.randn(cache.shape, generator=gen))
+
     def ensure_blocks(self, row: int, seq_len: int) -> None:
         """Enough blocks in every group for `seq_len` tokens of request row `row`."""
         if seq_len > self.max_model_len:
@@ -57,19 +85,32 @@ class KVCache:
                 owned[g].append(self.free[g].pop())
         self.block_tables.set_row(row, owned)
 
+    def slot(self, group: int, row: int, position: int) -> int:
+        """Where position `position` of request row `row` lives in group `group` (host side)."""
+        size = self.block_sizes[group]
+        return self.blocks[row][group][position // size] * size + position % size
+
     def metadata(self, batch: InputBatch) -> AttentionMetadata:
-        """The batch's block tables and slot mappings, gathered through the layout tensors."""
-        tables = self.block_tables.gather_block_tables(batch.idx_mapping)
-        slots = self.block_tables.compute_slot_mappings(batch.query_start_loc, batch.positions)
-        starts = batch.query_start_loc.tolist()
-        rows = [r for r in range(batch.num_reqs) for _ in range(starts[r + 1] - starts[r])]
-        token_rows = torch.tensor(rows, dtype=torch.int32, device=batch.input_ids.device)
+        """The batch's block tables and slot mappings, gathered through the layout tensors;
+        a dummy batch gets block 0 everywhere and no slot (nothing is written to the cache)."""
+        tables = self.block_tables
+        t, r = batch.num_tokens_after_padding, batch.num_reqs_after_padding
+        tables.slot_mappings[:, :t].fill_(-1)
+        if batch.is_dummy:
+            gathered = [table[:r].zero_() for table in tables.input_block_tables]
+        else:
+            gathered = tables.gather_block_tables(batch.idx_mapping)
+            tables.compute_slot_mappings(
+                batch.query_start_loc[: batch.num_reqs + 1], batch.positions
+            )
         return AttentionMetadata(
             self.k_caches,
             self.v_caches,
-            slots,
-            tables,
-            token_rows,
+            tables.slot_mappings[:, :t],
+            gathered,
+            batch.token_rows,
             batch.positions,
+            batch.seq_lens,
             self.max_model_len,
+            batch.uniform_decode,
         )

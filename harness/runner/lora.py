@@ -7,12 +7,24 @@ NOTE: the punica wrapper's index buffers are allocated uninitialized and poisone
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from harness.runner.poison import poisoned_allocations
+from kernels.fused_moe_lora import fused_moe_lora_shrink
 from kernels.lora_ops import KernelMeta, Launch, lora_expand, lora_shrink
+from kernels.moe_lora_align import AlignFixes, align_sizes, moe_lora_align_block_size
+
+
+@dataclass(frozen=True, slots=True)
+class MoEConfig:
+    """How the expert LoRA aligns: CUDA C++ on the GPU, its Triton twin on the CPU; the
+    #40131 fix parts as kernel switches."""
+
+    backend: str = "triton"
+    fixes: AlignFixes = field(default_factory=AlignFixes)
+    block_size: int = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +109,22 @@ class LoRAKernelMeta:
 
 
 class PunicaWrapper:
-    """Per-token LoRA indices and the kernel metas; the entry points the LoRA layers call."""
+    """Per-token LoRA indices and the kernel metas; the entry points the LoRA layers call.
 
-    def __init__(self, max_num_tokens: int, max_num_reqs: int, max_loras: int, device: str):
+    The token mapping meta serves the embedding and linear layers (one row per token); the
+    prompt mapping meta serves the LM head (one row per request: its sampled token).
+    `specialize`: the kernels launch num_active_loras_cpu LoRA programs instead of
+    max_loras + 1 (upstream's specialize_active_lora)."""
+
+    def __init__(
+        self,
+        max_num_tokens: int,
+        max_num_reqs: int,
+        max_loras: int,
+        device: str,
+        specialize: bool = False,
+    ):
+        self.specialize = specialize
         with poisoned_allocations():
             # [0]: added-vocab offsets (unused here), [1]: offsets into the stacked LoRA embedding
             self._embeddings_indices = torch.empty(
@@ -125,13 +150,80 @@ class PunicaWrapper:
     def add_lora_linear(self, y, x, lora_a, lora_b, scale, buffer, launch: Launch) -> None:
         """Per slice s: y[:, cols of s] += scale * (x @ A[s].T) @ B[s].T per token;
         `buffer` [num_slices, >= num_tokens, rank] float32."""
-        meta = self.token_mapping_meta.kernel_meta()
-        lora_shrink(x, lora_a, buffer, meta, scale, launch)
-        lora_expand(buffer, lora_b, y, meta, launch)
+        self._shrink_expand(self.token_mapping_meta, y, x, lora_a, lora_b, scale, buffer, launch)
 
     def add_lora_embedding(self, y, x, lora_b, launch: Launch) -> None:
         """y += x[0] @ B[0].T per token, x [1, n, rank] being the gathered LoRA-A rows."""
-        lora_expand(x, lora_b, y, self.token_mapping_meta.kernel_meta(), launch)
+        meta = self.token_mapping_meta.kernel_meta()
+        lora_expand(x, lora_b, y, meta, launch, self.specialize)
+
+    def add_lora_logits(self, logits, x, lora_a, lora_b, scale, buffer, launch: Launch) -> None:
+        """logits[r] += scale * (x[r] @ A.T) @ B.T with request r's adapter: x [num_reqs,
+        hidden] the sampled hidden states, `buffer` [1, >= num_reqs, rank] float32."""
+        self._shrink_expand(
+            self.prompt_mapping_meta, logits, x, lora_a, lora_b, scale, buffer, launch
+        )
+
+    def add_lora_fused_moe(
+        self, y, x, topk_ids, lora_a, lora_b, scale, adapter_enabled, moe: MoEConfig, launch
+    ) -> None:
+        """y[t] += scale * (x[t] @ A[lora, e].T) @ B[lora, e].T over t's experts e: align the
+        (token, expert) pairs per LoRA slot of active_lora_ids, the fused shrink that trusts
+        the align outputs, then an expand. lora_a [L, E, rank, hidden], lora_b [L, E, hidden,
+        rank]; the align outputs are allocated empty (poisoned), as upstream's."""
+        meta = self.token_mapping_meta
+        if bool(meta.no_lora_flag_cpu[0]):  # NOTE: host decision; frozen into a captured graph
+            return
+        (n, top_k), (max_loras, num_experts, rank, _) = topk_ids.shape, lora_a.shape
+        padded, m_blocks = align_sizes(n * top_k, num_experts, moe.block_size)
+        i32 = dict(dtype=torch.int32, device=x.device)
+        with poisoned_allocations():
+            sorted_ids = torch.empty(max_loras, padded, **i32)
+            expert_ids = torch.empty(max_loras, m_blocks, **i32)
+            post_pad = torch.empty(max_loras, **i32)
+        slots, lora_ids = meta.token_lora_mapping[:n], meta.active_lora_ids
+        align = dict(num_experts=num_experts, block_size=moe.block_size, max_loras=max_loras)
+        launch(
+            moe_lora_align_block_size,
+            topk_ids,
+            slots,
+            lora_ids,
+            adapter_enabled,
+            sorted_ids,
+            expert_ids,
+            post_pad,
+            **align,
+            fixes=moe.fixes,
+            backend=moe.backend,
+        )
+        shrunk = torch.zeros(n * top_k, rank, device=x.device)
+        align_outputs = (sorted_ids, expert_ids, post_pad, lora_ids, adapter_enabled)
+        launch(
+            fused_moe_lora_shrink,
+            x,
+            lora_a,
+            *align_outputs,
+            shrunk,
+            top_k=top_k,
+            block_size=moe.block_size,
+        )
+        launch(_moe_lora_expand, shrunk, lora_b, topk_ids, slots, scale, y)
+
+    def _shrink_expand(self, mapping_meta, y, x, lora_a, lora_b, scale, buffer, launch) -> None:
+        meta = mapping_meta.kernel_meta()
+        lora_shrink(x, lora_a, buffer, meta, scale, launch, self.specialize)
+        lora_expand(buffer, lora_b, y, meta, launch, self.specialize)
+
+
+def _moe_lora_expand(shrunk, lora_b, topk_ids, slots, scale, y) -> None:
+    """y[t] += scale * sum over t's experts e of B[slot(t), e] @ shrunk[pair]; base pairs
+    (slot -1) add nothing."""
+    n, top_k = topk_ids.shape
+    pair_slots = slots.long().repeat_interleave(top_k)  # [n * top_k]
+    weights = lora_b[pair_slots.clamp(min=0), topk_ids.long().reshape(-1)]  # [pairs, H, rank]
+    delta = torch.einsum("phr,pr->ph", weights, shrunk) * scale
+    delta[pair_slots < 0] = 0
+    y.add_(delta.view(n, top_k, -1).sum(1))
 
 
 class LoRAModelManager:

@@ -1,14 +1,21 @@
-"""A tiny seeded decoder with LoRA on its embedding and its layers.
+"""A tiny seeded decoder with LoRA on its embedding, its MLPs, its experts and its LM head.
 
 embed (+ LoRA: gather A rows at input_ids + embeddings_indices[1][:n], then expand)
--> num_layers x [attention, when the step has a KV cache] relu(h @ W.T + LoRA)
--> logits = h @ head.T, where each layer's LoRA has two slices (as a fused gate|up
-projection): slice s adds scale * (h @ A[s].T) @ B[s].T to its half of the columns.
-Attention (layer i uses KV-cache group i): q, k, v projections, K/V written through the slot
-mapping, paged causal attention through the block table, h += o @ Wo.T.
-Without attention, weights and adapters are small integers: every result is exact in float32
-and replay, eager and the dense reference (harness.oracle) compare with ==. All device work
-goes through `launch`.
+-> 2 layers of [h += attention(h), h = MLP(h)] -> logits of the sampled rows (+ LoRA).
+Attention (layer i uses KV-cache group i): q, k, v = rms_norm(h) @ W, K/V written through the
+slot mapping, causal attention through the block table (paged; uniform decode batches may use
+the split-KV decode backend), h += o @ Wo.T. The attention op is the one piece of device work
+a PIECEWISE graph leaves out (`launch.outside_graph`).
+Layer 0's MLP: relu(h @ W.T + LoRA) with two LoRA slices (a fused gate|up projection): slice s
+adds scale * (h @ A[s].T) @ B[s].T to its half of the columns.
+Layer 1's MLP is a mixture of experts: a hash router sends token id t to experts router[t]
+(top_k distinct), y = sum over them of h @ E[e].T + scale * (h @ A[lora, e].T) @ B[lora, e].T,
+then relu; the expert LoRA runs upstream's way: align per LoRA slot (kernels/moe_lora_align,
+CUDA C++ on the GPU, its Triton twin on the CPU), the fused shrink that consumes the align
+outputs, an expand.
+LM head: logits[r] = h[logits_indices[r]] @ head.T + scale * (h @ A.T) @ B.T with the request's
+adapter (the punica wrapper's prompt mapping). Base weights and adapters are small integers.
+All device work goes through `launch`.
 """
 
 from __future__ import annotations
@@ -19,43 +26,40 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from harness.runner.lora import PunicaWrapper
-from kernels.lora_ops import Launch
+from harness.runner.cudagraph import Launcher
+from harness.runner.flashmla import FlashMLABackend
+from harness.runner.input_batch import InputBatch
+from harness.runner.kv_cache import AttentionMetadata
+from harness.runner.lora import MoEConfig, PunicaWrapper
 from kernels.paged_attention import paged_attention, reshape_and_cache
+
+EPS = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     vocab_size: int = 64
     hidden_size: int = 32
-    num_layers: int = 2
     max_loras: int = 2
     max_lora_rank: int = 16
     lora_scale: float = 2.0
     num_heads: int = 2
+    num_experts: int = 8
+    top_k: int = 2
     seed: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class AttentionMetadata:
-    """One step's KV-cache view: per group caches, slots and block tables (batch rows)."""
-
-    k_caches: list[torch.Tensor]  # per group [num_blocks, block_size, heads, head_dim]
-    v_caches: list[torch.Tensor]
-    slot_mappings: torch.Tensor  # [num_groups, num_tokens] int64
-    block_tables: list[torch.Tensor]  # per group [num_reqs, max_num_blocks] int32
-    token_rows: torch.Tensor  # [num_tokens] int32, batch row of each token
-    positions: torch.Tensor  # [num_tokens] int64
-    max_model_len: int
 
 
 def _ints(gen: torch.Generator, *shape: int, low: int = -1, high: int = 2) -> torch.Tensor:
     return torch.randint(low, high, shape, generator=gen).float()
 
 
+def rms_norm(x: torch.Tensor, out: torch.Tensor) -> None:
+    torch.mul(x, torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS), out=out)
+
+
 class TinyLoRADecoder:
     # NOTE: LoRA layers by prefix; the runner maps each prefix to a punica wrapper.
-    PREFIXES = ("model.embed_tokens", "model.layers.0", "model.layers.1")
+    PREFIXES = ("model.embed_tokens", "model.layers.0.mlp", "model.layers.1.experts", "lm_head")
     LAYER_SLICES = 2
 
     def __init__(
@@ -70,34 +74,49 @@ class TinyLoRADecoder:
         place = place or (lambda t: t.to(device))
         weights = self._seeded_weights()
         self.embed, self.head = place(weights["embed"]), place(weights["head"])
-        self.layers = [place(w) for w in weights["layers"]]
+        self.mlp, self.experts = place(weights["mlp"]), place(weights["experts"])
+        self.router = weights["router"].to(device)  # [vocab, top_k] int32
         self.attn = [[place(w) for w in ws] for ws in weights["attn"]]  # per layer q, k, v, o
+        self.decode_backend: FlashMLABackend | None = None  # set by the runner's config
+        self.moe = MoEConfig()  # set by the runner: align backend and fix switches
         zeros = lambda *shape: torch.zeros(*shape, device=device)
-        # LoRA weights stacked per slice and slot, filled in place by load_lora
-        k, width = self.LAYER_SLICES, c.hidden_size // self.LAYER_SLICES
-        self.embed_a = zeros(c.max_loras * c.vocab_size, c.max_lora_rank)  # [L * vocab, rank]
-        self.embed_b = zeros(1, c.max_loras, c.hidden_size, c.max_lora_rank)
-        self.lora_a = [zeros(k, c.max_loras, c.max_lora_rank, c.hidden_size) for _ in self.layers]
-        self.lora_b = [zeros(k, c.max_loras, width, c.max_lora_rank) for _ in self.layers]
+        # LoRA weights stacked per slice (or expert) and slot, filled in place by load_lora
+        k, width, r = self.LAYER_SLICES, c.hidden_size // self.LAYER_SLICES, c.max_lora_rank
+        L, E, H = c.max_loras, c.num_experts, c.hidden_size
+        self.embed_a = zeros(L * c.vocab_size, r)  # [L * vocab, rank]
+        self.embed_b = zeros(1, L, H, r)
+        self.mlp_a, self.mlp_b = zeros(k, L, r, H), zeros(k, L, width, r)
+        self.expert_a, self.expert_b = zeros(L, E, r, H), zeros(L, E, H, r)
+        self.head_a, self.head_b = zeros(1, L, r, H), zeros(1, L, c.vocab_size, r)
+        self.adapter_enabled = torch.ones(L + 1, dtype=torch.int32, device=device)
 
     def _seeded_weights(self) -> dict:
         c, gen = self.config, torch.Generator().manual_seed(self.config.seed)
         embed = _ints(gen, c.vocab_size, c.hidden_size)
-        layers = [_ints(gen, c.hidden_size, c.hidden_size) for _ in range(c.num_layers)]
+        mlp = _ints(gen, c.hidden_size, c.hidden_size)
+        experts = _ints(gen, c.num_experts, c.hidden_size, c.hidden_size)
         head = _ints(gen, c.vocab_size, c.hidden_size)
         attn = [
             [torch.randn(c.hidden_size, c.hidden_size, generator=gen) * 0.25 for _ in range(4)]
-            for _ in range(c.num_layers)
+            for _ in range(2)
         ]
-        return {"embed": embed, "layers": layers, "head": head, "attn": attn}
+        router = torch.stack(
+            [torch.randperm(c.num_experts, generator=gen)[: c.top_k] for _ in range(c.vocab_size)]
+        ).to(torch.int32)
+        return {
+            "embed": embed,
+            "mlp": mlp,
+            "experts": experts,
+            "head": head,
+            "attn": attn,
+            "router": router,
+        }
 
     def reload_weights(self) -> None:
         """Write the seeded base weights again, in place (after their memory was discarded)."""
         weights = self._seeded_weights()
-        self.embed.copy_(weights["embed"])
-        self.head.copy_(weights["head"])
-        for mine, fresh in zip(self.layers, weights["layers"], strict=True):
-            mine.copy_(fresh)
+        for name in ("embed", "head", "mlp", "experts"):
+            getattr(self, name).copy_(weights[name])
         for mine, fresh in zip(self.attn, weights["attn"], strict=True):
             for w, f in zip(mine, fresh, strict=True):
                 w.copy_(f)
@@ -108,68 +127,124 @@ class TinyLoRADecoder:
         rows = slice(slot * c.vocab_size, (slot + 1) * c.vocab_size)
         self.embed_a[rows] = _ints(gen, c.vocab_size, c.max_lora_rank).to(self.device)
         self.embed_b[0, slot] = _ints(gen, c.hidden_size, c.max_lora_rank).to(self.device)
-        for a, b in zip(self.lora_a, self.lora_b, strict=True):
+        for a, b in ((self.mlp_a, self.mlp_b), (self.head_a, self.head_b)):
             a[:, slot] = _ints(gen, *a[:, slot].shape).to(self.device)
             b[:, slot] = _ints(gen, *b[:, slot].shape).to(self.device)
+        self.expert_a[slot] = _ints(gen, *self.expert_a[slot].shape).to(self.device)
+        self.expert_b[slot] = _ints(gen, *self.expert_b[slot].shape).to(self.device)
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        batch: InputBatch,
+        attn: AttentionMetadata,
         wrappers: list[PunicaWrapper] | None,
-        launch: Launch,
-        attn: AttentionMetadata | None = None,
-    ) -> torch.Tensor:
-        """logits [n, vocab] for input_ids [n]; wrappers[i] serves PREFIXES[i] (None: no LoRA)."""
+        launch: Launcher,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden [num_tokens, hidden], logits [num_reqs, vocab]) of the padded batch;
+        wrappers[i] serves PREFIXES[i] (None: no LoRA)."""
+        c = self.config
+        h = self._embed(batch.input_ids, wrappers, launch)
+        h = self._mlp(self._attention(0, h, attn, launch), wrappers, launch)
+        h = self._moe(self._attention(1, h, attn, launch), batch.input_ids, wrappers, launch)
+        rows = batch.logits_indices.shape[0]
+        sample = torch.empty(rows, c.hidden_size, device=self.device)
+        launch(torch.index_select, h, 0, batch.logits_indices, out=sample)
+        logits = torch.empty(rows, c.vocab_size, device=self.device)
+        launch(torch.mm, sample, self.head.T, out=logits)
+        if wrappers is not None:
+            buffer = torch.empty(1, rows, c.max_lora_rank, device=self.device)
+            wrappers[3].add_lora_logits(
+                logits, sample, self.head_a, self.head_b, c.lora_scale, buffer, launch
+            )
+        return h, logits
+
+    def _embed(self, input_ids, wrappers, launch: Launcher) -> torch.Tensor:
         c, n = self.config, input_ids.shape[0]
         h = torch.empty(n, c.hidden_size, device=self.device)
         if wrappers is None:
             launch(_embed_base, input_ids, self.embed, h)
-        else:
-            a_rows = torch.empty(1, n, c.max_lora_rank, device=self.device)
-            offsets = wrappers[0].embeddings_indices[1, :n]
-            launch(_embed, input_ids, offsets, self.embed, self.embed_a, h, a_rows)
-            wrappers[0].add_lora_embedding(h, a_rows, self.embed_b, launch)
-        for i, weight in enumerate(self.layers):
-            if attn is not None:
-                h = self._attention(i, h, attn, launch)
-            y = torch.empty(n, c.hidden_size, device=self.device)
-            launch(torch.mm, h, weight.T, out=y)
-            if wrappers is not None:
-                buffer = torch.empty(self.LAYER_SLICES, n, c.max_lora_rank, device=self.device)
-                wrappers[i + 1].add_lora_linear(
-                    y, h, self.lora_a[i], self.lora_b[i], c.lora_scale, buffer, launch
-                )
-            launch(torch.relu_, y)
-            h = y
-        logits = torch.empty(n, c.vocab_size, device=self.device)
-        launch(torch.mm, h, self.head.T, out=logits)
-        return logits
+            return h
+        a_rows = torch.empty(1, n, c.max_lora_rank, device=self.device)
+        offsets = wrappers[0].embeddings_indices[1, :n]
+        launch(_embed, input_ids, offsets, self.embed, self.embed_a, h, a_rows)
+        wrappers[0].add_lora_embedding(h, a_rows, self.embed_b, launch)
+        return h
 
-    def _attention(
-        self, i: int, h: torch.Tensor, attn: AttentionMetadata, launch: Launch
-    ) -> torch.Tensor:
+    def _mlp(self, h, wrappers, launch: Launcher) -> torch.Tensor:
+        c, n = self.config, h.shape[0]
+        y = torch.empty(n, c.hidden_size, device=self.device)
+        launch(torch.mm, h, self.mlp.T, out=y)
+        if wrappers is not None:
+            buffer = torch.empty(self.LAYER_SLICES, n, c.max_lora_rank, device=self.device)
+            wrappers[1].add_lora_linear(y, h, self.mlp_a, self.mlp_b, c.lora_scale, buffer, launch)
+        launch(torch.relu_, y)
+        return y
+
+    def _moe(self, h, input_ids, wrappers, launch: Launcher) -> torch.Tensor:
+        c, n = self.config, h.shape[0]
+        topk_ids = torch.empty(n, c.top_k, dtype=torch.int32, device=self.device)
+        launch(torch.index_select, self.router, 0, input_ids, out=topk_ids)
+        y = torch.empty(n, c.hidden_size, device=self.device)
+        launch(_experts, h, self.experts, topk_ids, y)
+        if wrappers is not None:
+            wrappers[2].add_lora_fused_moe(
+                y,
+                h,
+                topk_ids,
+                self.expert_a,
+                self.expert_b,
+                c.lora_scale,
+                self.adapter_enabled,
+                self.moe,
+                launch,
+            )
+        launch(torch.relu_, y)
+        return y
+
+    def _attention(self, i: int, h, attn: AttentionMetadata, launch: Launcher) -> torch.Tensor:
         c, n = self.config, h.shape[0]
         heads, dim = c.num_heads, c.hidden_size // c.num_heads
+        normed = torch.empty(n, c.hidden_size, device=self.device)
+        launch(rms_norm, h, normed)
         q, k, v, o = (torch.empty(n, heads, dim, device=self.device) for _ in range(4))
         wq, wk, wv, wo = self.attn[i]
         for out, w in ((q, wq), (k, wk), (v, wv)):
-            launch(torch.mm, h, w.T, out=out.view(n, c.hidden_size))
-        launch(reshape_and_cache, k, v, attn.k_caches[i], attn.v_caches[i], attn.slot_mappings[i])
-        launch(
-            paged_attention,
-            q,
-            attn.k_caches[i],
-            attn.v_caches[i],
-            attn.block_tables[i],
-            attn.token_rows,
-            attn.positions,
-            o,
-            dim**-0.5,
-            attn.max_model_len,
-        )
+            launch(torch.mm, normed, w.T, out=out.view(n, c.hidden_size))
+        launch.outside_graph(self.attention_op, i, q, k, v, o, attn, launch)
         out = torch.empty(n, c.hidden_size, device=self.device)
         launch(torch.addmm, h, o.view(n, c.hidden_size), wo.T, out=out)
         return out
+
+    def attention_op(self, i, q, k, v, o, attn: AttentionMetadata, launch: Launcher) -> None:
+        """Cache this step's K/V, then attend: the split-KV backend for uniform decode
+        batches when the runner has one, paged causal attention otherwise."""
+        k_cache, v_cache = attn.k_caches[i], attn.v_caches[i]
+        launch(reshape_and_cache, k, v, k_cache, v_cache, attn.slot_mappings[i])
+        scale = (self.config.hidden_size // self.config.num_heads) ** -0.5
+        table = attn.block_tables[i]
+        if self.decode_backend is not None and attn.uniform_decode:
+            self.decode_backend.forward(
+                attn.sched, q, k_cache, v_cache, table, attn.seq_lens, o, scale, launch
+            )
+            return
+        # NOTE: max_model_len bounds the kernel's loop (a constexpr), not the live lengths
+        launch(
+            paged_attention,
+            q,
+            k_cache,
+            v_cache,
+            table,
+            attn.token_rows,
+            attn.positions,
+            o,
+            scale,
+            attn.max_model_len,
+        )
+
+
+def _experts(h, experts, topk_ids, y) -> None:
+    """y[t] = sum over t's experts e of h[t] @ experts[e].T."""
+    y.copy_(torch.einsum("th,tkoh->to", h, experts[topk_ids.long()]))
 
 
 def _embed_base(input_ids, weight, h) -> None:

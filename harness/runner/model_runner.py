@@ -1,8 +1,11 @@
 """The miniature Model Runner V2: execute_model (real and dummy runs), capture_model, and
 greedy generation over the paged KV cache.
 
-The dummy-run branch is where the LoRA fix parts of vLLM #43139 and #43314 live;
-post_kv_cache_wake_up is where the fix part of vLLM #40648 lives.
+The dummy branch's LoRA state (`_set_dummy_lora_state`) is where the fix parts of vLLM #43139
+and #43314 live; capture_model sets it once per LoRA capture case (upstream's LoRA capture
+hook) and then captures every descriptor on that state, without re-running the dummy branch.
+post_kv_cache_wake_up is where the fix part of vLLM #40648 lives; the graph manager's capture
+holds the one of vLLM #42444.
 """
 
 from __future__ import annotations
@@ -18,11 +21,27 @@ from harness.runner.cudagraph import (
     CUDAGraphMode,
     Launcher,
 )
+from harness.runner.flashmla import DraftAttention, DraftInputs, FlashMLABackend, FlashMLASchedMeta
 from harness.runner.input_batch import InputBatch, InputBuffers, Request
-from harness.runner.kv_cache import KVCache
-from harness.runner.lora import LoRAManager, LoRAMapping, LoRAModelManager, PunicaWrapper
-from harness.runner.model import ModelConfig, TinyLoRADecoder
-from harness.runner.sleep_mode import TaggedPools
+from harness.runner.kv_cache import AttentionMetadata, KVCache
+from harness.runner.lora import (
+    LoRAManager,
+    LoRAMapping,
+    LoRAModelManager,
+    MoEConfig,
+    PunicaWrapper,
+)
+from harness.runner.model import ModelConfig, TinyLoRADecoder, rms_norm
+from harness.runner.sleep_mode import TaggedPools, make_pools
+from kernels.moe_lora_align import AlignFixes
+
+FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
+# The switches of kernels/moe_lora_align.AlignFixes, in order.
+ALIGN_PARTS = (
+    Fix.MOE_ALIGN_GRID_PLUS_ONE,
+    Fix.MOE_ALIGN_OOB_GUARD,
+    Fix.MOE_ALIGN_SORT_ADAPTER_CHECK,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,36 +51,78 @@ class RunnerConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     max_num_tokens: int = 32
     max_num_reqs: int = 8
-    cudagraph_sizes: tuple[int, ...] = (8, 16)
+    cudagraph_mode: CUDAGraphMode = FULL
+    cudagraph_sizes: tuple[int, ...] = (4, 8, 16)
     enable_lora: bool = True
+    specialize_active_lora: bool = False  # one graph per active-LoRA count (upstream's flag)
+    decode_backend: str = "paged"  # "flashmla": split-KV for uniform decode, planned lazily
+    draft_attention: bool = False  # a speculator's draft attention on the captured states
     block_sizes: tuple[int, ...] = (4, 16)  # one KV-cache group per layer
-    num_kv_blocks: int = 32  # per group
-    max_model_len: int = 64
+    num_kv_blocks: int = 64  # per group
+    max_model_len: int = 32
+    num_splits: int = 4  # split-KV work partitions
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOutput:
+    """Views of the step's outputs (of a graph's buffers after a replay: clone to keep)."""
+
+    hidden_states: torch.Tensor  # [num_tokens, hidden]
+    logits: torch.Tensor  # [num_reqs, vocab], the sampled token of each request
+    draft: torch.Tensor | None = None  # [num_reqs, heads, head_dim], the draft attention
+    desc: BatchExecutionDescriptor | None = None  # the graph that ran; None: eager
 
 
 class ModelRunner:
     def __init__(self, config: RunnerConfig, pools: TaggedPools | None = None) -> None:
-        """With `pools` (a Worker's), weights and the KV cache live in tagged sleep pools."""
+        """Weights and the KV cache live in tagged sleep pools (a Worker's, or its own)."""
+        c, m = config, config.model
         self.config, self.device, self.fixes = config, config.device, config.fixes
-        self.pools = pools
+        self.pools = pools or make_pools(self.device)
         self.launch = Launcher()
-        self.input_buffers = InputBuffers(config.max_num_tokens, config.max_num_reqs, self.device)
-        place = (lambda t: pools.adopt("weights", t)) if pools else None
-        self.model = TinyLoRADecoder(config.model, self.device, place)
-        self.kv_cache: KVCache | None = None
-        # NOTE: the embedding and first layer share one wrapper object, the second layer has its own
+        self.input_buffers = InputBuffers(c.max_num_tokens, c.max_num_reqs, self.device)
+        self.model = TinyLoRADecoder(m, self.device, lambda t: self.pools.adopt("weights", t))
+        self.kv_cache = KVCache(
+            c.block_sizes,
+            c.num_kv_blocks,
+            m.num_heads,
+            m.hidden_size // m.num_heads,
+            c.max_num_reqs,
+            c.max_num_tokens,
+            c.max_model_len,
+            self.pools,
+            m.seed,
+        )
+        self.model.moe = MoEConfig(
+            "cuda" if self.device == "cuda" else "triton",
+            AlignFixes(*(part in self.fixes for part in ALIGN_PARTS)),
+        )
+        backend = FlashMLABackend(c.num_splits, c.max_model_len, self.device)
+        self.model.decode_backend = backend if c.decode_backend == "flashmla" else None
+        self.draft = (
+            DraftAttention(backend, m.num_heads, rms_norm, c.fixes) if c.draft_attention else None
+        )
+        self.lora_manager = LoRAManager(
+            LoRAModelManager(m.max_loras, m.vocab_size, self._punica_wrappers())
+        )
+        self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes)
+        self.capture_attn: dict[BatchExecutionDescriptor, AttentionMetadata] = {}
+
+    def _punica_wrappers(self) -> dict[str, PunicaWrapper]:
+        # NOTE: the embedding and layer 0 share one wrapper object; layer 1 and the LM head
+        # share another (upstream: one wrapper for many layers; fixes must dedupe by id()).
+        c = self.config
         shared, own = (
             PunicaWrapper(
-                config.max_num_tokens, config.max_num_reqs, config.model.max_loras, self.device
+                c.max_num_tokens,
+                c.max_num_reqs,
+                c.model.max_loras,
+                self.device,
+                c.specialize_active_lora,
             )
             for _ in range(2)
         )
-        prefixes = TinyLoRADecoder.PREFIXES
-        mapping = {prefixes[0]: shared, prefixes[1]: shared, prefixes[2]: own}
-        self.lora_manager = LoRAManager(
-            LoRAModelManager(config.model.max_loras, config.model.vocab_size, mapping)
-        )
-        self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes)
+        return dict(zip(TinyLoRADecoder.PREFIXES, (shared, shared, own, own), strict=True))
 
     @property
     def wrappers(self) -> list[PunicaWrapper] | None:
@@ -77,6 +138,8 @@ class ModelRunner:
         self.model.load_lora(slot, seed)
         return slot
 
+    # -- steps --------------------------------------------------------------------------------
+
     def execute_model(
         self,
         requests: list[Request] | None = None,
@@ -85,92 +148,168 @@ class ModelRunner:
         num_tokens: int = 0,
         num_reqs: int = 1,
         use_cudagraph: bool = True,
-    ) -> torch.Tensor:
-        """Logits [num_tokens, vocab]. A real run may replay a captured graph (then the result
-        is a view of the graph's output buffer: clone it to keep it)."""
+    ) -> ModelOutput:
+        """A real step (graph replay when one fits), or a dummy run (eager, no KV writes)."""
         if dummy_run:
-            return self._forward(self._prepare_dummy(num_tokens, num_reqs))
-        n = sum(len(r.token_ids) for r in requests)
-        desc = self.cudagraph_manager.dispatch(n) if use_cudagraph else None
-        batch = self.input_buffers.prepare(requests, desc.num_tokens if desc else n)
+            batch = self.input_buffers.dummy(num_tokens, num_reqs)
+            self._set_dummy_lora_state(num_tokens, num_reqs)
+            return self._eager(batch, self.kv_cache.metadata(batch))
+        n, r = sum(len(q.token_ids) for q in requests), len(requests)
+        uniform = all(len(q.token_ids) == 1 for q in requests)
+        desc = None
+        if use_cudagraph and self.config.cudagraph_mode != CUDAGraphMode.NONE:
+            desc = self.cudagraph_manager.dispatch(n, r, uniform, self._lora_case(requests))
+        batch = self.input_buffers.prepare(
+            requests, desc.num_tokens if desc else n, desc.num_reqs if desc else r
+        )
+        for row, q in enumerate(requests):
+            self.kv_cache.ensure_blocks(row, q.num_computed_tokens + len(q.token_ids))
+        attn = self.kv_cache.metadata(batch)
         if self.config.enable_lora:
             mapping = LoRAMapping(batch.token_lora_ids, batch.req_lora_ids, is_prefill=True)
             self.lora_manager._adapter_manager.set_adapter_mapping(mapping)
-        if desc is not None:
-            return self.cudagraph_manager.run_fullgraph(desc)[:n]
-        return self._forward(batch)[:n]
+        if desc is None:
+            return self._eager(batch, attn)
+        return self._replay(desc, batch)
 
-    def _forward(self, batch: InputBatch) -> torch.Tensor:
-        return self.model.forward(batch.input_ids, self.wrappers, self.launch)
+    def _eager(self, batch: InputBatch, attn: AttentionMetadata) -> ModelOutput:
+        attn.sched = FlashMLASchedMeta()  # eager attention plans for this step
+        hidden, logits = self.model.forward(batch, attn, self.wrappers, self.launch)
+        draft = None
+        if self.draft is not None and batch.uniform_decode:
+            draft = self.draft.forward(FlashMLASchedMeta(), self._draft_inputs(hidden, attn))
+        return self._output(batch, hidden, logits, draft, None)
 
-    def _prepare_dummy(self, num_tokens: int, num_reqs: int) -> InputBatch:
-        """The dummy-run branch of execute_model: dummy inputs, and the LoRA state for them."""
-        batch = self.input_buffers.dummy(num_tokens, num_reqs)
+    def _replay(self, desc: BatchExecutionDescriptor, batch: InputBatch) -> ModelOutput:
+        if desc.cg_mode == PIECEWISE:  # its attention runs eagerly, on this step
+            attn = self.capture_attn[desc]
+            attn.sched, attn.uniform_decode = FlashMLASchedMeta(), batch.uniform_decode
+        hidden, logits = self.cudagraph_manager.run(desc)
+        draft = None
+        if self.draft is not None and desc in self.draft.graphs.graphs:
+            draft = self.draft.graphs.run(desc)
+        return self._output(batch, hidden, logits, draft, desc)
+
+    @staticmethod
+    def _output(batch, hidden, logits, draft, desc) -> ModelOutput:
+        n, r = batch.num_tokens, batch.num_reqs
+        return ModelOutput(hidden[:n], logits[:r], None if draft is None else draft[:r], desc)
+
+    def _draft_inputs(self, hidden: torch.Tensor, attn: AttentionMetadata) -> DraftInputs:
+        """A uniform decode batch's hidden states are its sampled ones, one per request."""
+        rows = attn.seq_lens.shape[0]
+        return DraftInputs(
+            hidden[:rows], attn.k_caches[0], attn.v_caches[0], attn.block_tables[0], attn.seq_lens
+        )
+
+    # -- LoRA state ---------------------------------------------------------------------------
+
+    def _set_dummy_lora_state(self, num_tokens: int, num_reqs: int) -> None:
+        """The dummy branch's LoRA state (profile, warm-up, capture)."""
         if not self.config.enable_lora or Fix.LORA_DUMMY_MAPPING not in self.fixes:
-            return batch
+            return
         # fix: lora_dummy_mapping -- an unset mapping leaves the LoRA index buffers garbage.
         adapter_manager = self.lora_manager._adapter_manager
-        adapter_manager.set_adapter_mapping(
-            LoRAMapping((0,) * batch.num_tokens_after_padding, (0,) * batch.num_reqs, True)
-        )
+        adapter_manager.set_adapter_mapping(LoRAMapping((0,) * num_tokens, (0,) * num_reqs, True))
         if Fix.LORA_CAPTURE_LAUNCH in self.fixes:
             # fix: lora_capture_launch -- launch (so capture) LoRA kernels; programs see -1, exit.
             for wrapper in adapter_manager.distinct_wrappers():
                 for meta in (wrapper.token_mapping_meta, wrapper.prompt_mapping_meta):
                     meta.no_lora_flag_cpu[0] = False
                     meta.num_active_loras_cpu[0] = 1
-        return batch
+
+    def _lora_cases(self) -> list[int | None]:
+        """The LoRA capture cases: one, or every active-LoRA count (-1 included) when
+        specialised."""
+        if not (self.config.enable_lora and self.config.specialize_active_lora):
+            return [None]
+        return list(range(1, self.config.model.max_loras + 2))
+
+    def _lora_case(self, requests: list[Request]) -> int | None:
+        """The capture case a batch dispatches to: its adapters, plus one program for -1."""
+        cases = self._lora_cases()
+        if cases == [None]:
+            return None
+        count = len({q.lora_id for q in requests if q.lora_id}) + 1
+        return min(c for c in cases if c >= count)
+
+    def _capture_lora_state(self, case: int | None) -> None:
+        """Upstream's LoRA capture hook: the dummy LoRA state, with each active meta set to
+        launch `case` LoRA programs when specialised."""
+        self._set_dummy_lora_state(max(self.config.cudagraph_sizes), self.config.max_num_reqs)
+        if case is None or not self.config.enable_lora:
+            return
+        for wrapper in self.lora_manager._adapter_manager.distinct_wrappers():
+            for meta in (wrapper.token_mapping_meta, wrapper.prompt_mapping_meta):
+                if int(meta.num_active_loras_cpu[0]) > 0:
+                    meta.num_active_loras_cpu[0] = case
+
+    # -- capture ------------------------------------------------------------------------------
+
+    def _capture_descriptors(self) -> list[BatchExecutionDescriptor]:
+        c, descs = self.config, []
+        for size in (s for s in c.cudagraph_sizes if s <= c.max_num_tokens):
+            reqs = min(size, c.max_num_reqs)
+            for case in self._lora_cases():
+                if c.cudagraph_mode in (FULL, PIECEWISE):
+                    descs.append(
+                        BatchExecutionDescriptor(c.cudagraph_mode, size, reqs, False, case)
+                    )
+                if c.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE:
+                    descs.append(BatchExecutionDescriptor(PIECEWISE, size, reqs, False, case))
+                    if size <= c.max_num_reqs:
+                        descs.append(BatchExecutionDescriptor(FULL, size, size, True, case))
+        return descs
 
     def capture_model(self) -> None:
-        """One FULL graph per configured size, from dummy runs."""
-        descs = [
-            BatchExecutionDescriptor(CUDAGraphMode.FULL, n, min(n, self.config.max_num_reqs))
-            for n in self.config.cudagraph_sizes
-        ]
-        self.cudagraph_manager.capture(descs, self._create_forward_fn)
+        """Per LoRA capture case: its LoRA state, then every descriptor captured on it; then
+        the draft attention's graphs, on the captured attention states (upstream hands
+        captured_attn_states to the speculator)."""
+        descs = self._capture_descriptors()
+        for case in self._lora_cases():
+            self._capture_lora_state(case)
+            mine = [d for d in descs if d.num_active_loras == case]
+            self.cudagraph_manager.capture(mine, self._create_forward_fn)
+        if self.draft is None or self.model.decode_backend is None:
+            return
+        states = self.cudagraph_manager.captured_attn_states
+        decode = {d: s for d, s in states.items() if d.cg_mode == FULL and d.uniform_decode}
+        self.draft.capture(decode, self._captured_draft_inputs)
 
-    def _create_forward_fn(self, desc: BatchExecutionDescriptor):
-        batch = self._prepare_dummy(desc.num_tokens, desc.num_reqs)
-        return (lambda mode: self._forward(batch)), None
+    def _captured_draft_inputs(self, desc: BatchExecutionDescriptor) -> DraftInputs:
+        hidden, _ = self.cudagraph_manager.outputs[desc]
+        return self._draft_inputs(hidden, self.capture_attn[desc])
 
-    def initialize_kv_cache(self) -> None:
-        """Paged K/V caches and block tables, in the kv_cache pool."""
-        if self.pools is None:
-            raise RuntimeError(
-                "the KV cache lives in tagged memory pools: build the runner "
-                "with pools (a Worker does)"
-            )
-        c, m = self.config, self.config.model
-        self.kv_cache = KVCache(
-            c.block_sizes,
-            c.num_kv_blocks,
-            m.num_heads,
-            m.hidden_size // m.num_heads,
-            c.max_num_reqs,
-            c.max_num_tokens,
-            c.max_model_len,
-            self.pools,
-            m.seed,
-        )
+    def _create_forward_fn(self, desc: BatchExecutionDescriptor, warmup: bool = True):
+        """A forward on dummy inputs of `desc`'s size, with a fresh attention state."""
+        batch = self.input_buffers.dummy(desc.num_tokens, desc.num_reqs)
+        attn = self.kv_cache.metadata(batch)
+        attn.uniform_decode, attn.sched = desc.uniform_decode, FlashMLASchedMeta()
+        self.capture_attn[desc] = attn
+        return (
+            lambda mode: self.model.forward(batch, attn, self.wrappers, self.launch)
+        ), attn.sched
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        """Greedy tokens per prompt: one prefill step, then one decode step per new token."""
+    # -- generation and sleep mode ------------------------------------------------------------
+
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, use_cudagraph: bool = False
+    ) -> tuple[list[list[int]], list[tuple[list[Request], torch.Tensor]]]:
+        """Greedy tokens per prompt (one prefill step, then one decode step per new token),
+        and each step's requests and logits."""
         self.kv_cache.reset()
-        seqs, new = [list(p) for p in prompts], [[] for _ in prompts]
+        seqs, new, steps = [list(p) for p in prompts], [[] for _ in prompts], []
         for step in range(max_new_tokens):
             requests = []
             for row, seq in enumerate(seqs):
                 start = 0 if step == 0 else len(seq) - 1
                 requests.append(Request(f"req{row}", tuple(seq[start:]), 0, start))
-                self.kv_cache.ensure_blocks(row, len(seq))
-            batch = self.input_buffers.prepare(requests, sum(len(r.token_ids) for r in requests))
-            attn = self.kv_cache.metadata(batch)
-            logits = self.model.forward(batch.input_ids, self.wrappers, self.launch, attn)
-            last = batch.query_start_loc[1:].long() - 1
-            for row, token in enumerate(logits[last].argmax(-1).tolist()):
+            logits = self.execute_model(requests, use_cudagraph=use_cudagraph).logits.clone()
+            steps.append((requests, logits))
+            for row, token in enumerate(logits.argmax(-1).tolist()):
                 seqs[row].append(token)
                 new[row].append(token)
-        return new
+        return new, steps
 
     def post_kv_cache_wake_up(self) -> None:
         """Called by the worker after the kv_cache pool woke up."""

@@ -17,7 +17,6 @@ class Worker:
     def __init__(self, config: RunnerConfig) -> None:
         self.pools = make_pools(config.device)
         self.model_runner = ModelRunner(config, self.pools)
-        self.model_runner.initialize_kv_cache()
         self.sleep_level = 0
 
     def sleep(self, level: int = 1) -> None:

@@ -36,8 +36,18 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    anchors=(
+        (
+            Fix.BLOCK_TABLE_REINIT_ON_WAKE,
+            "vllm/v1/worker/gpu/block_table.py, BlockTables.init_block_table_layout_tensors "
+            "(pointer, stride and block-size tensors), called again from "
+            "vllm/v1/worker/gpu/model_runner.py post_kv_cache_wake_up, which "
+            "vllm/v1/worker/gpu_worker.py wake_up calls when tags is None or has kv_cache",
+        ),
+    ),
     history=(
         "Review noted that rebuilding (not copying in place) gives the layout tensors new "
-        "addresses, which CUDA graphs captured before the sleep would not see."
+        "addresses, which CUDA graphs captured before the sleep would not see; follow-ups "
+        "#53197 and #53508 refresh them in place (or keep them out of the kv_cache pool)."
     ),
 )

@@ -5,9 +5,10 @@ The record (fix parts, expected outcomes) is in the package; see its docstring.
 
 from __future__ import annotations
 
-from harness.oracle import expect_all
+from harness.oracle import close, expect_all
 from harness.record import Context
-from harness.runner.model_runner import RunnerConfig
+from harness.reference import step_reference
+from harness.runner.model_runner import ModelRunner, RunnerConfig
 from harness.runner.worker import Worker
 
 PROMPTS = ([1, 2, 3, 4, 5], [7], [9, 8, 7, 6, 5, 4, 3, 2, 1, 60, 61])
@@ -19,21 +20,31 @@ CYCLES = (
 )
 
 
+def _generate(runner: ModelRunner, label: str) -> tuple[list[list[int]], list[str | None]]:
+    """Greedy tokens, and each step's logits vs the dense float64 reference."""
+    tokens, steps = runner.generate([list(p) for p in PROMPTS], NEW_TOKENS)
+    problems = [
+        close(f"{label}: step {i} logits vs reference", logits, step_reference(runner, reqs)[1])
+        for i, (reqs, logits) in enumerate(steps)
+    ]
+    return tokens, problems
+
+
 def generate_sleep_wake_generate(ctx: Context) -> str:
-    """Generate, then for each cycle: sleep, wake, generate again; tokens must not change.
+    """Generate, then for each cycle: sleep, wake, generate again; every step's logits must
+    match the dense float64 reference and the tokens must not change.
 
     Cycles: sleep(1) -> wake_up(); sleep(1) -> wake_up(["weights"]) -> wake_up(["kv_cache"]);
     sleep(2) -> wake_up() (weights reloaded). Block-table data_ptr()s must be unchanged across
-    every wake. Fixed: identical generations. Buggy: the block-table gather loads a discarded
-    pointer (0xFFFF...): illegal address on the GPU; on the CPU the interpreter's wild read
-    kills the child with SIGSEGV.
+    every wake. Fixed: identical generations, every step as the reference. Buggy: the
+    block-table gather loads a discarded pointer (0xFFFF...): illegal address on the GPU; on
+    the CPU the interpreter's wild read kills the child with SIGSEGV.
     """
     worker = Worker(RunnerConfig(ctx.device, ctx.fixes, enable_lora=False, max_model_len=32))
     runner = worker.model_runner
-    expected = runner.generate([list(p) for p in PROMPTS], NEW_TOKENS)
+    expected, problems = _generate(runner, "before sleeping")
     tables = runner.kv_cache.block_tables.block_tables
     addresses = [t.data_ptr() for t in tables]
-    problems = []
     for label, level, wakes in CYCLES:
         worker.sleep(level)
         for tags in wakes:
@@ -42,8 +53,9 @@ def generate_sleep_wake_generate(ctx: Context) -> str:
             problems.append(
                 f"{label}: block tables moved: {addresses} -> {[t.data_ptr() for t in tables]}"
             )
-        got = runner.generate([list(p) for p in PROMPTS], NEW_TOKENS)
+        got, found = _generate(runner, label)
+        problems += found
         if got != expected:
             problems.append(f"{label}: generated {got}, before sleeping {expected}")
     expect_all(problems)
-    return f"{len(CYCLES)} sleep/wake cycles: identical tokens {expected}, tables in place"
+    return f"{len(CYCLES)} sleep/wake cycles: identical tokens {expected}, logits as reference"

@@ -30,10 +30,41 @@ RECORD = BugRecord(
     buggy_outcome=WRONG,
     scenarios=(
         Scenario(
-            "replay_vs_eager",
+            "full_decode_graphs",
             (Expect(frozenset({Fix.FRESH_ATTN_STATE_FOR_CAPTURE}), WRONG),),
+            timeout_s=300.0,
+        ),
+        Scenario(
+            "piecewise_decode",
+            (
+                Expect(
+                    frozenset({Fix.FRESH_ATTN_STATE_FOR_CAPTURE}),
+                    ByDevice.both(Outcome.PASS),
+                    why="PIECEWISE graphs leave the attention (and its plan) out",
+                ),
+            ),
+            timeout_s=300.0,
+        ),
+        Scenario(
+            "captured_state_consumer",
+            (Expect(frozenset({Fix.FRESH_ATTN_STATE_FOR_CAPTURE}), WRONG),),
+            timeout_s=300.0,
         ),
     ),
     package=__name__,
-    history="PIECEWISE capture was unaffected: attention runs outside its graphs.",
+    anchors=(
+        (
+            Fix.FRESH_ATTN_STATE_FOR_CAPTURE,
+            "vllm/v1/worker/gpu/cudagraph_utils.py, CudaGraphManager.capture: for FULL "
+            "descriptors, create_forward_fn(desc) again after the warm-up, capture with that "
+            "fresh state and keep it in captured_attn_states (PIECEWISE keeps the warm-up one)",
+        ),
+    ),
+    history=(
+        "PIECEWISE capture was unaffected: attention runs outside its graphs "
+        "(piecewise_decode shows it). captured_attn_states went on to the speculator's "
+        "prefill graph manager, which used one state for its own warm-up and capture: "
+        "#44253 gave it separate states. Later (#48261, #49364) attention metadata is always "
+        "built at capture time."
+    ),
 )

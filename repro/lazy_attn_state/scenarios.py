@@ -7,41 +7,131 @@ from __future__ import annotations
 
 import torch
 
-from harness.oracle import expect_all, mismatch
+from harness.oracle import close, expect_all, step_problems
 from harness.record import Context
-from harness.runner.flashmla import DecodeAttention
+from harness.reference import step_reference
+from harness.runner.cudagraph import CUDAGraphMode
+from harness.runner.input_batch import Request
+from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig
 from kernels.split_kv_attention import split_kv_attention_reference
 
-WARMUP_LENS = [1, 1, 1, 1]
-STEPS = ([5, 17, 1, 40], [33, 2, 9, 12], [48, 48, 3, 7])
+# Decode steps after capture: 3 requests (the 4-token graph), then 7 (the 8-token graph),
+# lengths unlike the warm-up's (1 each), context seeded in the KV cache.
+STEPS = ([5, 17, 1], [33, 2, 9, 12, 40, 3, 8])
 
 
-def replay_vs_eager(ctx: Context) -> str:
-    """Warm-up with dummy lengths -> FULL capture -> decode steps with other lengths, in a row.
-
-    Each step: replay vs an eager step with a fresh plan vs the float64 reference. Fixed: the
-    planner is in the graph, so each replay plans for the live lengths and equals eager.
-    Buggy: the graph holds no planner launch and replays reuse the warm-up plan: wrong result.
-    """
-    attn = DecodeAttention(ctx.device, ctx.fixes, seed=ctx.seed)
-    attn.capture(WARMUP_LENS)
-    problems = []
-    for i, lens in enumerate(STEPS):
-        replay = attn.replay(lens, seed=ctx.seed + i)
-        eager = attn.eager(lens, seed=ctx.seed + i)
-        reference = split_kv_attention_reference(
-            attn.query,
-            attn.kv.k_caches[0],
-            attn.kv.v_caches[0],
-            attn.block_table,
-            attn.backend.seq_lens.cpu(),
-            attn.shape.head_dim**-0.5,
+def decode_runner(ctx: Context, mode: CUDAGraphMode, draft: bool = False) -> ModelRunner:
+    runner = ModelRunner(
+        RunnerConfig(
+            ctx.device,
+            ctx.fixes,
+            cudagraph_mode=mode,
+            cudagraph_sizes=(4, 8),
+            enable_lora=False,
+            decode_backend="flashmla",
+            draft_attention=draft,
+            max_model_len=48,
         )
-        if not torch.allclose(eager.cpu().double(), reference, rtol=1e-4, atol=1e-5):
-            problems.append(f"lengths {lens}: eager differs from the float64 reference")
-        problems.append(mismatch(f"lengths {lens}: graph replay vs eager", replay, eager))
-    launches = attn.graphs.graphs[attn.desc].launches
+    )
+    runner.kv_cache.fill_random(ctx.seed + 7)
+    return runner
+
+
+def _decode(runner: ModelRunner, ctx: Context, step: int, lens: list[int]):
+    """One decode step replayed and run eagerly: (requests, replay, eager)."""
+    requests = [
+        Request(f"r{r}", ((ctx.seed + 3 * step + r) % 64,), 0, n - 1) for r, n in enumerate(lens)
+    ]
+    out = runner.execute_model(requests)
+    replay = ModelOutput(
+        out.hidden_states.clone(),
+        out.logits.clone(),
+        None if out.draft is None else out.draft.clone(),
+        out.desc,
+    )
+    return requests, replay, runner.execute_model(requests, use_cudagraph=False)
+
+
+def _decode_steps(ctx: Context, mode: CUDAGraphMode) -> str:
+    runner = decode_runner(ctx, mode)
+    runner.capture_model()
+    problems, graphs = [], []
+    for step, lens in enumerate(STEPS):
+        requests, replay, eager = _decode(runner, ctx, step, lens)
+        graphs.append(f"{replay.desc.cg_mode.value} {replay.desc.num_tokens}")
+        reference = step_reference(runner, requests)
+        problems += step_problems(f"lengths {lens} ({graphs[-1]})", eager, reference, replay)
     if any(problems):
-        problems.append(f"captured launches: {launches}")
+        launches = {
+            f"{d.cg_mode.value} {d.num_tokens}": g.launches
+            for d, g in runner.cudagraph_manager.graphs.items()
+            if d.uniform_decode
+        }
+        problems.append(f"captured decode graphs: {launches}")
     expect_all(problems)
-    return f"{len(STEPS)} steps: replay == eager ~ reference; captured {launches}"
+    return f"{len(STEPS)} decode steps ({', '.join(graphs)}): replay == eager ~ reference"
+
+
+def full_decode_graphs(ctx: Context) -> str:
+    """FULL_AND_PIECEWISE capture (FULL decode graphs of 4 and 8 requests), then decode steps
+    with 3 and 7 requests of other lengths than the warm-up's.
+
+    Each step: replay vs an eager step (a fresh plan) vs the dense float64 reference. Fixed: a
+    fresh attention state is created for capture, so each FULL graph holds the planner and
+    every replay plans for the live lengths. Buggy: warm-up and capture share one state, the
+    planner ran in warm-up and is missing from the graphs; replays reuse the warm-up plan:
+    wrong result in every FULL size.
+    """
+    return _decode_steps(ctx, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+
+def piecewise_decode(ctx: Context) -> str:
+    """The same decode steps under PIECEWISE capture: the attention (and its lazy plan) runs
+    eagerly between the captured pieces, with a fresh state every step. Buggy and fixed pass:
+    upstream's "PIECEWISE was unaffected", shown."""
+    return _decode_steps(ctx, CUDAGraphMode.PIECEWISE)
+
+
+def captured_state_consumer(ctx: Context) -> str:
+    """A speculator's draft attention reuses the target's captured attention states
+    (captured_attn_states): its graphs read the plan the target's graph makes at replay.
+
+    FULL_AND_PIECEWISE capture with the draft; decode steps: the draft's replay vs its eager
+    step vs the float64 split-KV reference (query: the normalized target hidden state). Fixed:
+    the kept state is the one captured with the planner: all match. Buggy: the kept state is
+    the warm-up's, planned for the warm-up lengths: the draft reads a stale plan (wrong
+    result). Also fails a fix that captures with a fresh state but keeps the warm-up one.
+    """
+    runner = decode_runner(ctx, CUDAGraphMode.FULL_AND_PIECEWISE, draft=True)
+    runner.capture_model()
+    problems = []
+    for step, lens in enumerate(STEPS):
+        _, replay, eager = _decode(runner, ctx, step, lens)
+        label = f"lengths {lens}"
+        problems += [
+            close(f"{label}: draft replay vs eager", replay.draft, eager.draft),
+            close(
+                f"{label}: eager draft vs reference",
+                eager.draft,
+                _draft_reference(runner, eager, lens),
+            ),
+        ]
+    expect_all(problems)
+    return f"{len(STEPS)} decode steps: draft replay == eager ~ reference"
+
+
+def _draft_reference(runner: ModelRunner, eager: ModelOutput, lens: list[int]) -> torch.Tensor:
+    """Split-KV attention over layer 0's cache, in float64, with the draft's query."""
+    kv, c = runner.kv_cache, runner.model.config
+    h = eager.hidden_states.double().cpu()
+    query = (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-6)).view(
+        len(lens), c.num_heads, -1
+    )
+    width = max(len(kv.blocks[r][0]) for r in range(len(lens)))
+    table = torch.tensor(
+        [kv.blocks[r][0] + [0] * (width - len(kv.blocks[r][0])) for r in range(len(lens))]
+    )
+    scale = (c.hidden_size // c.num_heads) ** -0.5
+    return split_kv_attention_reference(
+        query, kv.k_caches[0], kv.v_caches[0], table, torch.tensor(lens), scale
+    )

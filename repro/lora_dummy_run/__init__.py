@@ -33,11 +33,23 @@ RECORD = BugRecord(
             "dummy_run_before_mapping",
             (Expect(frozenset({Fix.LORA_DUMMY_MAPPING}), ASSERT),),
         ),
+        Scenario(
+            "capture_without_dummy_run",
+            (Expect(frozenset({Fix.LORA_DUMMY_MAPPING}), ASSERT),),
+            timeout_s=240.0,
+        ),
     ),
     package=__name__,
+    anchors=(
+        (
+            Fix.LORA_DUMMY_MAPPING,
+            "vllm/v1/worker/gpu/model_runner.py, execute_model's dummy-run branch (it replaced a "
+            "FIXME for LoRA warm-up): set_adapter_mapping with an all-zero LoRAMapping",
+        ),
+    ),
     history=(
-        "Merged as a stop-gap, to be replaced by LoRA warm-up (PR #35536). Its all-(-1) "
-        "mapping made CUDA-graph capture skip every LoRA kernel: regression "
-        "lora_graph_capture (#43314)."
+        "Merged as a stop-gap, to be replaced by LoRA warm-up (PR #35536: a LoRA capture hook "
+        "per active-LoRA case, dummy runs with dummy adapters). Its all-(-1) mapping made "
+        "CUDA-graph capture skip every LoRA kernel: regression lora_graph_capture (#43314)."
     ),
 )

@@ -8,46 +8,105 @@ from __future__ import annotations
 import torch
 
 from harness.fixes import Fix
-from harness.oracle import decoder_reference, expect_all, mismatch
+from harness.oracle import close, expect_all, mismatch, step_problems
 from harness.record import Context
+from harness.reference import step_reference
+from harness.runner.cudagraph import CUDAGraphMode
+from harness.runner.input_batch import Request, dummy_lengths
 from harness.runner.model_runner import ModelRunner, RunnerConfig
 
 DUMMY_TOKENS, DUMMY_REQS = 8, 2
+# Real batches after a capture, one per FULL graph size (4, 8, 16 tokens), every adapter
+# and the base model mixed; the LM-head LoRA sees each request's adapter.
+BATCHES = (
+    ("3 tokens, all on adapter 1", (Request("a", (3, 5), 1), Request("b", (7,), 1))),
+    (
+        "7 tokens: base + adapter 1 + adapter 2",
+        (Request("a", (2, 4, 6), 0), Request("b", (8,), 1), Request("c", (9, 10, 12), 2)),
+    ),
+    (
+        "12 tokens: adapter 2 and base",
+        (Request("x", tuple(range(20, 31)), 2), Request("y", (1,), 0)),
+    ),
+)
 
 
-def lora_runner(ctx: Context) -> ModelRunner:
+def lora_runner(ctx: Context, **config) -> ModelRunner:
     """A runner with LoRA enabled and two adapters loaded (ids 1 and 2), no mapping set yet."""
-    runner = ModelRunner(RunnerConfig(ctx.device, ctx.fixes))
+    runner = ModelRunner(RunnerConfig(ctx.device, ctx.fixes, **config))
     runner.add_lora(1, seed=ctx.seed + 11)
     runner.add_lora(2, seed=ctx.seed + 12)
     return runner
 
 
+def check_batches(runner: ModelRunner) -> list[str | None]:
+    """Every batch of BATCHES: graph replay vs eager vs the dense reference; and which LoRA
+    kernels the graphs hold, when something diverged."""
+    problems = []
+    for label, requests in BATCHES:
+        replay = runner.execute_model(list(requests))
+        graph = replay.desc
+        replay = type(replay)(replay.hidden_states.clone(), replay.logits.clone(), None, graph)
+        eager = runner.execute_model(list(requests), use_cudagraph=False)
+        reference = step_reference(runner, list(requests))
+        found = step_problems(
+            f"{label} ({graph and graph.cg_mode.value} {graph and graph.num_tokens})",
+            eager,
+            reference,
+            replay,
+        )
+        problems += found
+    if any(problems):
+        graphs = runner.cudagraph_manager.graphs
+        captured = sorted({n for g in graphs.values() for n in g.launches if "lora" in n})
+        problems.append(f"LoRA kernels in the captured graphs: {captured or 'none'}")
+    return problems
+
+
 def dummy_run_before_mapping(ctx: Context) -> str:
     """A profile-style dummy run with LoRA enabled before any real LoRA mapping.
 
-    Fixed: the run completes, its logits equal the base model's, every wrapper's
-    active_lora_ids is all -1, and no_lora_flag_cpu is set (cleared again, with
-    num_active_loras_cpu = 1, where lora_capture_launch is on). Buggy: the LoRA embedding
-    gathers with poisoned offsets: device-side assert on the GPU; torch's CPU gather raises
-    IndexError("index out of range in self"), the same check.
+    Fixed: the run completes, its hidden states and logits equal the base model's (dummy
+    token 0, nothing cached), every wrapper's active_lora_ids is all -1, and no_lora_flag_cpu
+    is set (cleared again, with num_active_loras_cpu = 1, where lora_capture_launch is on).
+    Buggy: the LoRA embedding gathers with poisoned offsets: device-side assert on the GPU;
+    torch's CPU gather raises IndexError("index out of range in self"), the same check.
     """
     runner = lora_runner(ctx)
-    logits = runner.execute_model(dummy_run=True, num_tokens=DUMMY_TOKENS, num_reqs=DUMMY_REQS)
-    expected = decoder_reference(runner.model, [0] * DUMMY_TOKENS, [-1] * DUMMY_TOKENS)
-    problems = [mismatch("dummy-run logits vs base model", logits.double().cpu(), expected)]
+    out = runner.execute_model(dummy_run=True, num_tokens=DUMMY_TOKENS, num_reqs=DUMMY_REQS)
+    lengths = dummy_lengths(DUMMY_TOKENS, DUMMY_REQS)
+    requests = [Request(f"dummy{r}", (0,) * n) for r, n in enumerate(lengths)]
+    hidden, logits = step_reference(runner, requests, dummy=True)
+    problems = [
+        close("dummy-run hidden states vs base model", out.hidden_states, hidden),
+        close("dummy-run logits vs base model", out.logits, logits),
+    ]
     launch_anyway = Fix.LORA_CAPTURE_LAUNCH in ctx.fixes
     for i, wrapper in enumerate(runner.lora_manager._adapter_manager.distinct_wrappers()):
-        meta = wrapper.token_mapping_meta
-        problems.append(
-            mismatch(
-                f"wrapper {i} active_lora_ids",
-                meta.active_lora_ids.cpu(),
-                torch.full_like(meta.active_lora_ids.cpu(), -1),
+        for name in ("token_mapping_meta", "prompt_mapping_meta"):
+            meta = getattr(wrapper, name)
+            ids = meta.active_lora_ids.cpu()
+            problems.append(
+                mismatch(f"wrapper {i} {name} active_lora_ids", ids, torch.full_like(ids, -1))
             )
-        )
-        flag, active = bool(meta.no_lora_flag_cpu[0]), int(meta.num_active_loras_cpu[0])
-        if (flag, active) != (not launch_anyway, int(launch_anyway)):
-            problems.append(f"wrapper {i}: no_lora_flag_cpu={flag}, num_active_loras_cpu={active}")
+            flag, active = bool(meta.no_lora_flag_cpu[0]), int(meta.num_active_loras_cpu[0])
+            if (flag, active) != (not launch_anyway, int(launch_anyway)):
+                problems.append(
+                    f"wrapper {i} {name}: no_lora_flag_cpu={flag}, num_active_loras_cpu={active}"
+                )
     expect_all(problems)
     return f"dummy run of {DUMMY_TOKENS} tokens equals the base model; LoRA ids all -1"
+
+
+def capture_without_dummy_run(ctx: Context) -> str:
+    """CUDA-graph capture straight after loading the adapters: no dummy run came first.
+
+    capture_model's LoRA capture hook sets the dummy LoRA state itself, then every FULL graph
+    (4, 8, 16 tokens) is captured on it. Fixed: real batches replay == eager ~ reference.
+    Buggy: the capture's warm-up runs the LoRA embedding on the unset (poisoned) metadata:
+    device-side assert on the GPU, IndexError on the CPU.
+    """
+    runner = lora_runner(ctx, cudagraph_mode=CUDAGraphMode.FULL)
+    runner.capture_model()
+    expect_all(check_batches(runner))
+    return f"{len(BATCHES)} batches after a capture with no dummy run before it: all match"

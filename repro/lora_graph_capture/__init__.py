@@ -31,22 +31,52 @@ RECORD = BugRecord(
     fix_parts=(Fix.LORA_CAPTURE_LAUNCH,),
     buggy_outcome=WRONG,
     scenarios=(
+        *(
+            Scenario(
+                name,
+                (
+                    Expect(
+                        frozenset({Fix.LORA_DUMMY_MAPPING}),
+                        ASSERT,
+                        why="the warm-up dummy run hits lora_dummy_run (#43139) first",
+                    ),
+                    Expect(frozenset({Fix.LORA_CAPTURE_LAUNCH}), WRONG),
+                ),
+                timeout_s=240.0,
+            )
+            for name in ("full_graphs", "piecewise_graphs", "specialized_graphs")
+        ),
         Scenario(
-            "replay_vs_eager",
+            "capture_after_base_batch",
             (
                 Expect(
                     frozenset({Fix.LORA_DUMMY_MAPPING}),
                     ASSERT,
-                    why="the warm-up dummy run hits lora_dummy_run (#43139) first",
+                    why="the real batch wrote offsets for its 5 tokens only; the 16-token "
+                    "capture reads the poisoned rest",
                 ),
                 Expect(frozenset({Fix.LORA_CAPTURE_LAUNCH}), WRONG),
             ),
+            timeout_s=240.0,
         ),
     ),
     package=__name__,
+    anchors=(
+        (
+            Fix.LORA_CAPTURE_LAUNCH,
+            "vllm/v1/worker/gpu/model_runner.py, the dummy-run branch after the all-zero "
+            "mapping: for each distinct punica wrapper, the token and prompt LoRAKernelMeta "
+            "(vllm/lora/ops/triton_ops/lora_kernel_metadata.py) get no_lora_flag_cpu = False, "
+            "num_active_loras_cpu = 1; the host check it defeats is in lora_shrink_op.py and "
+            "lora_expand_op.py",
+        ),
+    ),
     history=(
         "A regression caused by the fix of lora_dummy_run (#43139, fix part "
-        "lora_dummy_mapping): with both LoRA fix parts off this scenario shows #43139's "
-        "device-side assert instead of a wrong result."
+        "lora_dummy_mapping): with both LoRA fix parts off the full, piecewise and "
+        "specialized scenarios show #43139's device-side assert instead of a wrong result. "
+        "Follow-ups upstream: #35536 (a LoRA capture hook per active-LoRA count, "
+        "num_active_loras in the dispatch key), #43160 (PIECEWISE capture with LoRA on the "
+        "default stream), #43084 (capture with has_lora=False looked up with has_lora=True)."
     ),
 )

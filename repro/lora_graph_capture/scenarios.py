@@ -5,58 +5,70 @@ The record (fix parts, expected outcomes) is in the package; see its docstring.
 
 from __future__ import annotations
 
-from harness.oracle import decoder_reference, expect_all, mismatch
+from collections.abc import Callable
+
+from harness.oracle import expect_all
 from harness.record import Context
+from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
 from harness.runner.model_runner import ModelRunner
-from repro.lora_dummy_run.scenarios import lora_runner
-
-BATCHES = (
-    ("all tokens on adapter 1", (Request("a", (3, 5, 7), 1), Request("b", (11, 13), 1))),
-    (
-        "mixed base + adapter 1 + adapter 2",
-        (Request("a", (2, 4, 6), 0), Request("b", (8,), 1), Request("c", (9, 10, 12, 14), 2)),
-    ),
-    (
-        "adapter 2 and base, 12 tokens",
-        (Request("x", tuple(range(20, 31)), 2), Request("y", (1,), 0)),
-    ),
-)
+from repro.lora_dummy_run.scenarios import BATCHES, check_batches, lora_runner
 
 
-def _check_batch(runner: ModelRunner, label: str, requests: list[Request]) -> list[str | None]:
-    replay = runner.execute_model(requests).clone().cpu()
-    eager = runner.execute_model(requests, use_cudagraph=False).cpu()
-    adapters = runner.lora_manager._adapter_manager.lora_index_to_id
-    slots = [adapters.index(r.lora_id) if r.lora_id else -1 for r in requests for _ in r.token_ids]
-    tokens = [t for r in requests for t in r.token_ids]
-    reference = decoder_reference(runner.model, tokens, slots)
-    if reference.equal(decoder_reference(runner.model, tokens, [-1] * len(tokens))):
-        raise RuntimeError(f"{label}: the adapters do not change the logits; scenario is void")
-    return [
-        mismatch(f"{label}: eager vs dense reference", eager.double(), reference),
-        mismatch(f"{label}: graph replay vs eager", replay, eager),
-    ]
-
-
-def replay_vs_eager(ctx: Context) -> str:
-    """Warm-up dummy run -> capture (8, 16 tokens) -> real LoRA batches, replay vs eager.
-
-    Batches, in a row: all tokens on adapter 1; base + adapter 1 + adapter 2 mixed; adapter 2
-    and base (12 tokens, the 16-token graph). Fixed: every replay equals eager, and eager
-    equals the dense reference. Buggy: replays miss the LoRA delta (wrong result) and the
-    captured launches hold no LoRA kernel. With lora_dummy_mapping off too, the warm-up dummy
-    run already fails with the device-side assert of lora_dummy_run.
-    """
-    runner = lora_runner(ctx)
+def _warm_up(runner: ModelRunner) -> None:
     runner.execute_model(dummy_run=True, num_tokens=16, num_reqs=4)
+
+
+def _capture_and_check(ctx: Context, before: Callable[[ModelRunner], object], **config) -> str:
+    runner = lora_runner(ctx, **config)
+    before(runner)
     runner.capture_model()
-    problems = []
-    for label, requests in BATCHES:
-        problems += _check_batch(runner, label, list(requests))
+    expect_all(check_batches(runner))
     graphs = runner.cudagraph_manager.graphs
     captured = sorted({n for g in graphs.values() for n in g.launches if "lora" in n})
-    if any(problems):
-        problems.append(f"LoRA kernels in the captured graphs: {captured or 'none'}")
-    expect_all(problems)
-    return f"{len(BATCHES)} batches: replay == eager == reference; captured {captured}"
+    return f"{len(graphs)} graphs, {len(BATCHES)} batches: replay == eager ~ reference; {captured}"
+
+
+def full_graphs(ctx: Context) -> str:
+    """Warm-up dummy run -> FULL capture (4, 8, 16 tokens) -> real LoRA batches.
+
+    Batches, in a row, one per graph: all tokens on adapter 1; base + adapter 1 + adapter 2;
+    adapter 2 and base. Each: replay vs eager vs the dense float64 reference, hidden states of
+    every token and the logits of every request (LM-head LoRA through the prompt mapping).
+    Fixed: all match. Buggy: the all-(-1) dummy mapping set no_lora_flag_cpu, the host wrappers
+    returned during capture, replays miss every LoRA delta (wrong result) and the graphs hold no
+    LoRA kernel. With lora_dummy_mapping off too, the warm-up dummy run already fails with the
+    device-side assert of lora_dummy_run.
+    """
+    return _capture_and_check(ctx, _warm_up, cudagraph_mode=CUDAGraphMode.FULL)
+
+
+def piecewise_graphs(ctx: Context) -> str:
+    """The same as full_graphs with PIECEWISE graphs: attention runs eagerly between the
+    captured pieces, the LoRA kernels live inside them. Buggy: they are missing from every
+    piece as well (the report names PIECEWISE graphs too): wrong result."""
+    return _capture_and_check(ctx, _warm_up, cudagraph_mode=CUDAGraphMode.PIECEWISE)
+
+
+def specialized_graphs(ctx: Context) -> str:
+    """FULL graphs per active-LoRA count (specialize_active_lora): the kernels launch
+    num_active_loras_cpu LoRA programs, and a batch replays the graph of its count (its
+    adapters plus one for the base model: 2 or 3). Fixed: the capture hook sets each active
+    meta to the case's count; all match. Buggy: no_lora_flag_cpu set, nothing captured: wrong
+    result. A fix that clears the flag but leaves num_active_loras_cpu at 0 fails here too:
+    zero LoRA programs are captured."""
+    return _capture_and_check(
+        ctx, _warm_up, cudagraph_mode=CUDAGraphMode.FULL, specialize_active_lora=True
+    )
+
+
+def capture_after_base_batch(ctx: Context) -> str:
+    """A real base-model batch first (its mapping is all no-LoRA: no_lora_flag_cpu set), then
+    capture with no dummy run, then LoRA batches. Fixed: the capture hook's dummy LoRA state
+    clears the flag; all match. Buggy: the flag the real batch left is frozen into every
+    graph: wrong result. Without lora_dummy_mapping too, the largest capture reads embedding
+    offsets the 5-token batch never wrote: the device-side assert of lora_dummy_run."""
+    base = [Request("a", (1, 2, 3), 0), Request("b", (4, 5), 0)]
+    return _capture_and_check(
+        ctx, lambda runner: runner.execute_model(base), cudagraph_mode=CUDAGraphMode.FULL
+    )

@@ -46,7 +46,30 @@ RECORD = BugRecord(
             ),
         ),
         Scenario("disabled_adapter", (Expect(frozenset({SORT_CHECK, GRID}), WRONG),)),
+        Scenario("runner_mixed_batch", (Expect(frozenset({GRID}), ILLEGAL),)),
     ),
     package=__name__,
-    history="Triton twin of the same off-by-one: vLLM #32277 (fused_moe_lora launch grid).",
+    anchors=(
+        (
+            GRID,
+            "csrc/moe/moe_lora_align_sum_kernels.cu (later moe_align_sum_kernels.cu), "
+            "moe_lora_align_block_size: the launch grids of the small-batch, align and "
+            "count-and-sort kernels cover max_loras + 1 slots",
+        ),
+        (
+            GUARD,
+            "the same kernels: a program whose lora_id >= max_loras returns before it indexes "
+            "the output rows",
+        ),
+        (
+            SORT_CHECK,
+            "lora_count_and_sort_expert_tokens_kernel (large path: numel >= 1024 or E > 64) "
+            "also skips adapter_enabled[lora_id] == 0",
+        ),
+    ),
+    history=(
+        "Triton twin of the same off-by-one: vLLM #32277 (fused_moe_lora launch grid, "
+        "vllm/lora/ops/triton_ops/fused_moe_lora_op.py). The align op is called from the "
+        "punica wrapper's moe_lora_align_block_size, for the fused-MoE LoRA layer."
+    ),
 )

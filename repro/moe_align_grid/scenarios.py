@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.oracle import Guarded, expect_all, mismatch
+from harness.oracle import Guarded, close, expect_all, mismatch
 from harness.record import Context
 from harness.runner.poison import poisoned_allocations
 from kernels.fused_moe_lora import fused_moe_lora_shrink, fused_moe_lora_shrink_reference
@@ -234,3 +234,36 @@ def disabled_adapter(ctx: Context) -> str:
         run_align(ctx, batch, outputs)
     expect_all(align_problems("large path, lora 0 disabled:", batch, outputs, prefill))
     return "disabled lora 0 rows untouched; lora 1 rows match"
+
+
+def runner_mixed_batch(ctx: Context) -> str:
+    """Through the miniature runner: its MoE layer's expert LoRA aligns with the kernels under
+    test (CUDA C++ on the GPU, the Triton twin on the CPU) into buffers allocated empty, as
+    upstream's punica wrapper does. Two adapters loaded (max_loras = 2 = the active count), one
+    mixed batch of base-model and both adapters' requests.
+
+    Fixed: hidden states and logits equal the dense float64 reference (to float32 rounding).
+    Buggy: the align grid stops one slot short, the last adapter's rows stay poison, and the
+    fused shrink loads expert weights from a wild address: illegal address on the GPU; on the
+    CPU the interpreter's wild read kills the child with SIGSEGV.
+    """
+    # NOTE: imported here, not above: the kernel-level scenarios must stay testable (and
+    # bisectable) when a part of the runner they do not use is broken.
+    from harness.reference import step_reference
+    from harness.runner.cudagraph import CUDAGraphMode
+    from harness.runner.input_batch import Request
+    from harness.runner.model_runner import ModelRunner, RunnerConfig
+
+    runner = ModelRunner(RunnerConfig(ctx.device, ctx.fixes, cudagraph_mode=CUDAGraphMode.NONE))
+    runner.add_lora(1, seed=ctx.seed + 11)
+    runner.add_lora(2, seed=ctx.seed + 12)
+    requests = [Request("a", (2, 4, 6), 0), Request("b", (8, 9), 1), Request("c", (10, 12, 14), 2)]
+    out = runner.execute_model(requests)
+    hidden, logits = step_reference(runner, requests)
+    expect_all(
+        [
+            close("runner hidden states vs reference", out.hidden_states, hidden),
+            close("runner logits vs reference", out.logits, logits),
+        ]
+    )
+    return f"mixed batch of {len(requests)} requests (base, adapter 1, adapter 2) as reference"

@@ -1,0 +1,91 @@
+"""The decoder's dense float64 reference of one step, independent of the runner's kernels,
+LoRA plumbing, graphs and attention backends (test code: scenarios and tests use it).
+
+Each token attends to its request's earlier positions, read from the KV cache where earlier
+steps (or a seeded fill) put them, and to this step's tokens up to itself, computed here. A
+dummy step writes nothing and reads a fresh (zero) cache: its attention adds nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.runner.input_batch import Request
+from harness.runner.model import EPS
+from harness.runner.model_runner import ModelRunner
+
+
+def _d(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().double().cpu()
+
+
+def slots_of(runner: ModelRunner, requests: list[Request]) -> list[int]:
+    """The LoRA slot of each request (-1: base model, or LoRA disabled)."""
+    adapters = runner.lora_manager._adapter_manager.lora_index_to_id
+    lora = runner.config.enable_lora
+    return [adapters.index(q.lora_id) if lora and q.lora_id else -1 for q in requests]
+
+
+def _lora(x, a, b, slot: int, scale: float) -> torch.Tensor:
+    return scale * (x @ _d(a[slot]).T) @ _d(b[slot]).T
+
+
+def step_reference(
+    runner: ModelRunner, requests: list[Request], dummy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden states [num_tokens, hidden], logits [num_reqs, vocab]) in float64."""
+    model, c = runner.model, runner.model.config
+    slots = slots_of(runner, requests)
+    tokens = [t for q in requests for t in q.token_ids]
+    token_slots = [s for q, s in zip(requests, slots, strict=True) for _ in q.token_ids]
+    h = _d(model.embed)[tokens]
+    for t, s in enumerate(token_slots):
+        if s != -1:
+            row = _d(model.embed_a)[s * c.vocab_size + tokens[t]]
+            h[t] += row @ _d(model.embed_b[0, s]).T
+    width = c.hidden_size // model.LAYER_SLICES
+    if not dummy:
+        h = h + _attention(runner, 0, h, requests)
+    y = h @ _d(model.mlp).T
+    for t, s in enumerate(token_slots):
+        for k in range(model.LAYER_SLICES if s != -1 else 0):
+            lora = _lora(h[t], model.mlp_a[k], model.mlp_b[k], s, c.lora_scale)
+            y[t, k * width : (k + 1) * width] += lora
+    h = y.relu()
+    if not dummy:
+        h = h + _attention(runner, 1, h, requests)
+    y = torch.zeros_like(h)
+    for t, s in enumerate(token_slots):
+        for e in model.router[tokens[t]].tolist():
+            y[t] += h[t] @ _d(model.experts[e]).T
+            if s != -1:
+                y[t] += _lora(h[t], model.expert_a[:, e], model.expert_b[:, e], s, c.lora_scale)
+    h = y.relu()
+    last = torch.cumsum(torch.tensor([len(q.token_ids) for q in requests]), 0) - 1
+    logits = h[last] @ _d(model.head).T
+    for r, s in enumerate(slots):
+        if s != -1:
+            logits[r] += _lora(h[last[r]], model.head_a[0], model.head_b[0], s, c.lora_scale)
+    return h, logits
+
+
+def _attention(runner: ModelRunner, i: int, h: torch.Tensor, requests: list[Request]):
+    """Layer i's attention output projected back to the hidden size, [num_tokens, hidden]."""
+    model, kv, c = runner.model, runner.kv_cache, runner.model.config
+    heads, dim = c.num_heads, c.hidden_size // c.num_heads
+    normed = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + EPS)
+    wq, wk, wv, wo = (_d(w) for w in model.attn[i])
+    q, k, v = ((normed @ w.T).view(-1, heads, dim) for w in (wq, wk, wv))
+    k_cache = _d(kv.k_caches[i]).reshape(-1, heads, dim)
+    v_cache = _d(kv.v_caches[i]).reshape(-1, heads, dim)
+    out, start = torch.zeros_like(q), 0
+    for row, req in enumerate(requests):
+        m, past = len(req.token_ids), req.num_computed_tokens
+        cached = [kv.slot(i, row, p) for p in range(past)]
+        keys = torch.cat([k_cache[cached], k[start : start + m]])
+        values = torch.cat([v_cache[cached], v[start : start + m]])
+        for j in range(m):
+            scores = torch.einsum("hd,phd->hp", q[start + j], keys[: past + j + 1]) * dim**-0.5
+            out[start + j] = torch.einsum("hp,phd->hd", scores.softmax(-1), values[: past + j + 1])
+        start += m
+    return out.reshape(-1, c.hidden_size) @ wo.T
