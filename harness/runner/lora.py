@@ -222,7 +222,7 @@ def _moe_lora_expand(shrunk, lora_b, topk_ids, slots, scale, y) -> None:
     pair_slots = slots.long().repeat_interleave(top_k)  # [n * top_k]
     weights = lora_b[pair_slots.clamp(min=0), topk_ids.long().reshape(-1)]  # [pairs, H, rank]
     delta = torch.einsum("phr,pr->ph", weights, shrunk) * scale
-    delta[pair_slots < 0] = 0
+    delta.masked_fill_((pair_slots < 0)[:, None], 0.0)  # NOTE: no boolean indexing: it syncs
     y.add_(delta.view(n, top_k, -1).sum(1))
 
 
