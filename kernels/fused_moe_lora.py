@@ -145,6 +145,6 @@ def _fused_moe_lora_shrink_kernel(
             mask=(cols[None, :] < rank) & (ks[:, None] < HIDDEN),
             other=0.0,
         )
-        acc += tl.dot(a, b)
+        acc += tl.dot(a, b, input_precision="ieee")  # NOTE: not TF32: compared in float64
     out_ptrs = out_ptr + pairs.to(tl.int64)[:, None] * rank + cols[None, :]
     tl.store(out_ptrs, acc, mask=valid[:, None] & (cols[None, :] < rank))
