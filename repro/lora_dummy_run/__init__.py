@@ -33,10 +33,9 @@ RECORD = BugRecord(
             "dummy_run_before_mapping",
             (Expect(frozenset({Fix.LORA_DUMMY_MAPPING}), ASSERT),),
         ),
-        Scenario(
-            "capture_without_dummy_run",
-            (Expect(frozenset({Fix.LORA_DUMMY_MAPPING}), ASSERT),),
-            timeout_s=240.0,
+        *(
+            Scenario(name, (Expect(frozenset({Fix.LORA_DUMMY_MAPPING}), ASSERT),), timeout_s=240.0)
+            for name in ("capture_without_dummy_run", "capture_after_base_batch")
         ),
     ),
     package=__name__,

@@ -5,6 +5,8 @@ The record (fix parts, expected outcomes) is in the package; see its docstring.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from harness.fixes import Fix
@@ -98,15 +100,36 @@ def dummy_run_before_mapping(ctx: Context) -> str:
     return f"dummy run of {DUMMY_TOKENS} tokens equals the base model; LoRA ids all -1"
 
 
+def capture_and_check(ctx: Context, before: Callable[[ModelRunner], object], **config) -> str:
+    """A LoRA runner, `before` it captures, capture_model, then BATCHES checked."""
+    runner = lora_runner(ctx, **config)
+    before(runner)
+    runner.capture_model()
+    expect_all(check_batches(runner))
+    graphs = runner.cudagraph_manager.graphs
+    captured = sorted({n for g in graphs.values() for n in g.launches if "lora" in n})
+    return f"{len(graphs)} graphs, {len(BATCHES)} batches: replay == eager ~ reference; {captured}"
+
+
 def capture_without_dummy_run(ctx: Context) -> str:
     """CUDA-graph capture straight after loading the adapters: no dummy run came first.
 
     capture_model's LoRA capture hook sets the dummy LoRA state itself, then every FULL graph
-    (4, 8, 16 tokens) is captured on it. Fixed: real batches replay == eager ~ reference.
-    Buggy: the capture's warm-up runs the LoRA embedding on the unset (poisoned) metadata:
-    device-side assert on the GPU, IndexError on the CPU.
+    (4, 8, 16 tokens) is captured on it; real batches follow. Fixed: replay == eager ~
+    reference. Without lora_dummy_mapping: the capture's warm-up runs the LoRA embedding on
+    the unset (poisoned) metadata: device-side assert on the GPU, IndexError on the CPU.
+    Without lora_capture_launch: the graphs hold no LoRA kernel: wrong result.
     """
-    runner = lora_runner(ctx, cudagraph_mode=CUDAGraphMode.FULL)
-    runner.capture_model()
-    expect_all(check_batches(runner))
-    return f"{len(BATCHES)} batches after a capture with no dummy run before it: all match"
+    return capture_and_check(ctx, lambda runner: None, cudagraph_mode=CUDAGraphMode.FULL)
+
+
+def capture_after_base_batch(ctx: Context) -> str:
+    """A real base-model batch first (its mapping is all no-LoRA: no_lora_flag_cpu set), then
+    capture with no dummy run, then LoRA batches. Fixed: the capture hook's dummy LoRA state
+    clears the flag; all match. Without lora_capture_launch: the flag the real batch left is
+    frozen into every graph: wrong result. Without lora_dummy_mapping: the largest capture
+    reads embedding offsets the 5-token batch never wrote: device-side assert."""
+    base = [Request("a", (1, 2, 3), 0), Request("b", (4, 5), 0)]
+    return capture_and_check(
+        ctx, lambda runner: runner.execute_model(base), cudagraph_mode=CUDAGraphMode.FULL
+    )

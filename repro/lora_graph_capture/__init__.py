@@ -47,6 +47,18 @@ RECORD = BugRecord(
             for name in ("full_graphs", "piecewise_graphs", "specialized_graphs")
         ),
         Scenario(
+            "capture_without_dummy_run",
+            (
+                Expect(
+                    frozenset({Fix.LORA_DUMMY_MAPPING}),
+                    ASSERT,
+                    why="nothing set the LoRA metadata before the capture's warm-up",
+                ),
+                Expect(frozenset({Fix.LORA_CAPTURE_LAUNCH}), WRONG),
+            ),
+            timeout_s=240.0,
+        ),
+        Scenario(
             "capture_after_base_batch",
             (
                 Expect(

@@ -5,28 +5,18 @@ The record (fix parts, expected outcomes) is in the package; see its docstring.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from harness.oracle import expect_all
 from harness.record import Context
 from harness.runner.cudagraph import CUDAGraphMode
-from harness.runner.input_batch import Request
 from harness.runner.model_runner import ModelRunner
-from repro.lora_dummy_run.scenarios import BATCHES, check_batches, lora_runner
+from repro.lora_dummy_run.scenarios import (  # noqa: F401 (the capture orderings: both bugs')
+    capture_after_base_batch,
+    capture_and_check,
+    capture_without_dummy_run,
+)
 
 
 def _warm_up(runner: ModelRunner) -> None:
     runner.execute_model(dummy_run=True, num_tokens=16, num_reqs=4)
-
-
-def _capture_and_check(ctx: Context, before: Callable[[ModelRunner], object], **config) -> str:
-    runner = lora_runner(ctx, **config)
-    before(runner)
-    runner.capture_model()
-    expect_all(check_batches(runner))
-    graphs = runner.cudagraph_manager.graphs
-    captured = sorted({n for g in graphs.values() for n in g.launches if "lora" in n})
-    return f"{len(graphs)} graphs, {len(BATCHES)} batches: replay == eager ~ reference; {captured}"
 
 
 def full_graphs(ctx: Context) -> str:
@@ -40,14 +30,14 @@ def full_graphs(ctx: Context) -> str:
     LoRA kernel. With lora_dummy_mapping off too, the warm-up dummy run already fails with the
     device-side assert of lora_dummy_run.
     """
-    return _capture_and_check(ctx, _warm_up, cudagraph_mode=CUDAGraphMode.FULL)
+    return capture_and_check(ctx, _warm_up, cudagraph_mode=CUDAGraphMode.FULL)
 
 
 def piecewise_graphs(ctx: Context) -> str:
     """The same as full_graphs with PIECEWISE graphs: attention runs eagerly between the
     captured pieces, the LoRA kernels live inside them. Buggy: they are missing from every
     piece as well (the report names PIECEWISE graphs too): wrong result."""
-    return _capture_and_check(ctx, _warm_up, cudagraph_mode=CUDAGraphMode.PIECEWISE)
+    return capture_and_check(ctx, _warm_up, cudagraph_mode=CUDAGraphMode.PIECEWISE)
 
 
 def specialized_graphs(ctx: Context) -> str:
@@ -57,18 +47,6 @@ def specialized_graphs(ctx: Context) -> str:
     meta to the case's count; all match. Buggy: no_lora_flag_cpu set, nothing captured: wrong
     result. A fix that clears the flag but leaves num_active_loras_cpu at 0 fails here too:
     zero LoRA programs are captured."""
-    return _capture_and_check(
+    return capture_and_check(
         ctx, _warm_up, cudagraph_mode=CUDAGraphMode.FULL, specialize_active_lora=True
-    )
-
-
-def capture_after_base_batch(ctx: Context) -> str:
-    """A real base-model batch first (its mapping is all no-LoRA: no_lora_flag_cpu set), then
-    capture with no dummy run, then LoRA batches. Fixed: the capture hook's dummy LoRA state
-    clears the flag; all match. Buggy: the flag the real batch left is frozen into every
-    graph: wrong result. Without lora_dummy_mapping too, the largest capture reads embedding
-    offsets the 5-token batch never wrote: the device-side assert of lora_dummy_run."""
-    base = [Request("a", (1, 2, 3), 0), Request("b", (4, 5), 0)]
-    return _capture_and_check(
-        ctx, lambda runner: runner.execute_model(base), cudagraph_mode=CUDAGraphMode.FULL
     )
