@@ -95,6 +95,9 @@ void repro_cumem_free(void* p, size_t /*size*/, int /*device*/, cudaStream_t /*s
   auto it = g_allocations.find(ptr);
   if (it == g_allocations.end()) return;
   try {
+    // NOTE: cudaFree waits for the device; cuMemUnmap does not, and unmapping memory a kernel
+    // still reads is an illegal access in that kernel. Wait as cudaFree would.
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
     if (it->second.mapped) unmap_and_release(ptr, it->second);
     check(cuMemAddressFree(ptr, it->second.size), "cuMemAddressFree");
   } catch (const std::exception& e) {
