@@ -16,7 +16,13 @@ FORBIDDEN = {
     "repro": {"tests"},
 }
 # The code under test must not import oracles or scenarios.
-RUNNER_FORBIDDEN = {"harness.oracle", "harness.record", "harness.child", "harness.isolate"}
+RUNNER_FORBIDDEN = {
+    "harness.oracle",
+    "harness.reference",
+    "harness.record",
+    "harness.child",
+    "harness.isolate",
+}
 # What the CLI parent and the fork server import before any child: standard library only
 # (plus each other), so that argument checks and verdicts never wait for torch.
 LIGHT = [
