@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
 
 from harness import device as devices
 
@@ -32,6 +33,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--device cuda: no CUDA device is available here")
     devices.activate(device)
     config.stash[DEVICE_KEY] = device
+    # Property sweeps: few derandomized examples through the CPU interpreter, more on a GPU.
+    examples = {"cpu": 8, "cuda": 150}[device]
+    settings.register_profile("repro", max_examples=examples, deadline=None, derandomize=True)
+    settings.load_profile("repro")
     from repro.registry import BUGS
 
     for bug in BUGS:

@@ -100,3 +100,22 @@ class BugRecord:
             if isinstance(node, ast.FunctionDef)
         }
         return {s.name: found.get(s.name, "(no such function)") for s in self.scenarios}
+
+
+MUTANT_KINDS = ("boundary", "partial", "wrong_row", "ordering", "unused_state")
+
+
+@dataclass(frozen=True, slots=True)
+class Mutant:
+    """A small plausible regression of the fixed code at or next to a fix site: one textual
+    edit (`old` occurs exactly once in `file`, relative to the tree's root)."""
+
+    name: str
+    part: Fix  # the fix part it breaks
+    kind: str  # one of MUTANT_KINDS
+    file: str
+    old: str
+    new: str
+    why: str  # one line: the regression it stands for
+    devices: tuple[str, ...] = ("cpu", "cuda")  # where its code runs (csrc: cuda only)
+    equivalent: str = ""  # why it changes nothing observable (then it is not scored)

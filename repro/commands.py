@@ -95,9 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--no-confirm", action="store_true", help="exit 1 on a first failure, without a rerun"
     )
-    from repro import matrix
+    from repro import matrix, mutants
 
     matrix.add_parser(sub)
+    mutants.add_parser(sub)
     return parser
 
 
@@ -114,7 +115,7 @@ def dispatch(argv: Sequence[str]) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("repro: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED if command == "matrix" else EXIT_CANNOT_TEST
+        return EXIT_INTERRUPTED if command in ("matrix", "mutants") else EXIT_CANNOT_TEST
 
 
 def check_environment() -> None:
@@ -400,10 +401,17 @@ def _matrix(args: argparse.Namespace) -> int:
     return matrix.cmd_matrix(args)
 
 
+def _mutants(args: argparse.Namespace) -> int:
+    from repro import mutants
+
+    return mutants.cmd_mutants(args)
+
+
 COMMANDS = {
     "list": cmd_list,
     "info": cmd_info,
     "run": cmd_run,
     "check": cmd_check,
     "matrix": _matrix,
+    "mutants": _mutants,
 }

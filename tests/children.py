@@ -81,3 +81,28 @@ def imports_a_missing_module(ctx: Context) -> str:
 def sleeps_then_passes(ctx: Context) -> str:
     time.sleep(3)
     return "slept 3s"
+
+
+def reads_a_sleeping_pool(ctx: Context) -> str:
+    """Read memory of a tag that sleeps: a fault on the GPU (unmapped CuMem memory) and on
+    the CPU (PROT_NONE arena pages) alike."""
+    import torch
+
+    from harness.runner.sleep_mode import make_pools
+
+    pools = make_pools(ctx.device)
+    kv = pools.empty("kv_cache", (1024,), torch.float32).fill_(1.0)
+    pools.sleep()
+    return f"read {float(kv.sum())} from a sleeping pool"
+
+
+def writes_a_sleeping_pool(ctx: Context) -> str:
+    import torch
+
+    from harness.runner.sleep_mode import make_pools
+
+    pools = make_pools(ctx.device)
+    kv = pools.empty("kv_cache", (1024,), torch.float32)
+    pools.sleep(offload_tags=("kv_cache",))
+    kv.fill_(3.0)
+    return f"wrote {float(kv[0])} into a sleeping pool"

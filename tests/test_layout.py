@@ -29,6 +29,7 @@ LIGHT = [
     "repro/cli.py",
     "repro/commands.py",
     "repro/matrix.py",
+    "repro/mutants.py",
     "repro/registry.py",
     "harness/isolate.py",
     "harness/child.py",

@@ -3,9 +3,14 @@ poisoned; on the GPU the physical memory is really released (free memory rises).
 
 from __future__ import annotations
 
+import mmap
+
 import pytest
 import torch
 
+from harness.fixes import ALL_FIXES
+from harness.isolate import Isolator, Job
+from harness.outcome import Outcome
 from harness.runner.sleep_mode import ArenaPools, make_pools
 
 
@@ -47,10 +52,10 @@ def test_unknown_tag_is_an_error(device) -> None:
 
 
 def test_arena_full_is_a_clear_error() -> None:
-    pools = ArenaPools(capacity_bytes=1024)
+    pools = ArenaPools(capacity_bytes=1024)  # rounded up to whole pages
     pools.empty("weights", (128,), torch.float32)
     with pytest.raises(MemoryError, match="arena 'weights' full"):
-        pools.empty("weights", (512,), torch.float32)
+        pools.empty("weights", (mmap.PAGESIZE // 4,), torch.float32)
 
 
 @pytest.mark.gpu
@@ -76,3 +81,12 @@ def test_cumem_sleep_really_frees_memory() -> None:
             break
     print(f"freed at sleep (MiB): {[f >> 20 for f in freed]}; kv_cache mapped {mapped >> 20} MiB")
     assert max(freed) >= size * 3 // 4, f"freed {[f >> 20 for f in freed]} MiB of {size >> 20}"
+
+
+@pytest.mark.block_table_wake
+@pytest.mark.parametrize("name", ["reads_a_sleeping_pool", "writes_a_sleeping_pool"])
+def test_any_access_to_a_sleeping_tag_faults(device, name) -> None:
+    """As on the GPU, so on the CPU: a sleeping tag is not memory (illegal_address)."""
+    with Isolator() as isolator:
+        result = isolator.run(Job("test", name, f"tests.children:{name}", ALL_FIXES, device, 120))
+    assert result.outcome == Outcome.ILLEGAL_ADDRESS, result.evidence

@@ -3,7 +3,8 @@
 Tags are "weights" and "kv_cache". The contract both implementations keep:
 - every tensor allocated under a tag keeps its address across sleep and wake;
 - sleep(offload_tags) backs up the offloaded tags to host memory, then discards every tag
-  (GPU: unmaps and releases the physical memory, keeping the address range reserved);
+  (GPU: unmaps and releases the physical memory, keeping the address range reserved; CPU:
+  makes the arena's pages inaccessible): any access to a sleeping tag faults on both devices;
 - wake_up(tags) maps new memory at the same addresses (GPU), restores backups, and fills
   whatever was discarded with 0xFF bytes: int pointers read as -1 (0xFFFF...), floats as NaN,
   so a reader of stale contents fails the same way every time.
@@ -12,6 +13,8 @@ Tags are "weights" and "kv_cache". The contract both implementations keep:
 from __future__ import annotations
 
 import abc
+import ctypes
+import mmap
 from collections.abc import Sequence
 
 import torch
@@ -50,11 +53,24 @@ def _check_tags(tags: Sequence[str]) -> None:
         raise ValueError(f"unknown memory tags {sorted(unknown)}; tags: {TAGS}")
 
 
+def _protect(arena: torch.Tensor, accessible: bool) -> None:
+    """mprotect the arena's pages: no access at all while its tag sleeps."""
+    flags = (mmap.PROT_READ | mmap.PROT_WRITE) if accessible else 0  # 0: PROT_NONE
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    if libc.mprotect(arena.data_ptr(), arena.numel(), flags) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect of a sleep-mode arena failed")
+
+
 class ArenaPools(TaggedPools):
-    """CPU emulation: one byte arena per tag; tensors are views into it (stable addresses)."""
+    """CPU emulation: one anonymous mmap arena per tag; tensors are views into it (stable
+    addresses). A sleeping tag's pages are inaccessible (PROT_NONE), so any access faults
+    (SIGSEGV) as an access to unmapped CuMem memory does on the GPU."""
 
     def __init__(self, capacity_bytes: int) -> None:
-        self.arenas = {tag: torch.zeros(capacity_bytes, dtype=torch.uint8) for tag in TAGS}
+        size = -(-capacity_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.maps = {tag: mmap.mmap(-1, size) for tag in TAGS}  # zero-filled, page-aligned
+        self.arenas = {tag: torch.frombuffer(m, dtype=torch.uint8) for tag, m in self.maps.items()}
         self.used = dict.fromkeys(TAGS, 0)
         self.backups: dict[str, torch.Tensor] = {}
         self.asleep: set[str] = set()
@@ -73,13 +89,15 @@ class ArenaPools(TaggedPools):
         for tag in TAGS:
             if tag in offload_tags:
                 self.backups[tag] = self.arenas[tag][: self.used[tag]].clone()
-            self.arenas[tag].fill_(POISON_BYTE)  # the emulated release: contents are gone
+            _protect(self.arenas[tag], accessible=False)  # the emulated release
             self.asleep.add(tag)
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         tags = list(TAGS if tags is None else tags)
         _check_tags(tags)
         for tag in [t for t in tags if t in self.asleep]:
+            _protect(self.arenas[tag], accessible=True)
+            self.arenas[tag].fill_(POISON_BYTE)  # new memory: the old contents are gone
             backup = self.backups.pop(tag, None)
             if backup is not None:
                 self.arenas[tag][: backup.numel()].copy_(backup)

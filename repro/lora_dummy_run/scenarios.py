@@ -69,8 +69,9 @@ def dummy_run_before_mapping(ctx: Context) -> str:
     """A profile-style dummy run with LoRA enabled before any real LoRA mapping.
 
     Fixed: the run completes, its hidden states and logits equal the base model's (dummy
-    token 0, nothing cached), every wrapper's active_lora_ids is all -1, and no_lora_flag_cpu
-    is set (cleared again, with num_active_loras_cpu = 1, where lora_capture_launch is on).
+    token 0, nothing cached), every wrapper's token and prompt metas hold slot -1 for every
+    token and request of the dummy batch (active_lora_ids all -1), and no_lora_flag_cpu is
+    set (cleared again, with num_active_loras_cpu = 1, where lora_capture_launch is on).
     Buggy: the LoRA embedding gathers with poisoned offsets: device-side assert on the GPU;
     torch's CPU gather raises IndexError("index out of range in self"), the same check.
     """
@@ -85,12 +86,16 @@ def dummy_run_before_mapping(ctx: Context) -> str:
     ]
     launch_anyway = Fix.LORA_CAPTURE_LAUNCH in ctx.fixes
     for i, wrapper in enumerate(runner.lora_manager._adapter_manager.distinct_wrappers()):
-        for name in ("token_mapping_meta", "prompt_mapping_meta"):
+        for name, rows in (
+            ("token_mapping_meta", DUMMY_TOKENS),
+            ("prompt_mapping_meta", DUMMY_REQS),
+        ):
             meta = getattr(wrapper, name)
-            ids = meta.active_lora_ids.cpu()
-            problems.append(
-                mismatch(f"wrapper {i} {name} active_lora_ids", ids, torch.full_like(ids, -1))
-            )
+            for field in ("active_lora_ids", "token_lora_mapping"):  # every row of the batch
+                got = getattr(meta, field).cpu()[: rows if field == "token_lora_mapping" else None]
+                problems.append(
+                    mismatch(f"wrapper {i} {name} {field}", got, torch.full_like(got, -1))
+                )
             flag, active = bool(meta.no_lora_flag_cpu[0]), int(meta.num_active_loras_cpu[0])
             if (flag, active) != (not launch_anyway, int(launch_anyway)):
                 problems.append(

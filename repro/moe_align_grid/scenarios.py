@@ -182,39 +182,44 @@ def consumer_poisoned(ctx: Context) -> str:
 
 
 def oob_lora_id(ctx: Context) -> str:
-    """A forged LoRA id: lora_ids = [0, 5] with max_loras = 1, both kernel paths.
+    """Forged LoRA ids at and past the limit: lora_ids = [0, 1] and [0, 5] with max_loras = 1,
+    on both kernel paths.
 
-    Every buffer the kernels touch sits in front of canary rows (adapter_enabled's read as 1).
-    Fixed: the guard skips id 5, lora 0's rows match, canaries intact. Without the guard (and
-    with the grid fix, which launches the stray slot): id 5's rows land on the canaries.
+    Every buffer the kernels touch sits in front of canary rows that do not look like valid
+    data: adapter_enabled reads 1 there, and the token-mask canary reads "every pair is this
+    slot's", so a kernel that reads a forged id's rows acts on them. Fixed: the guard skips the
+    forged slot in all three kernels, lora 0's rows match, every canary is intact. Without the
+    guard (and with the grid fix, which launches the stray slot): the forged rows land on the
+    canaries.
     """
     max_loras, rows = 1, 8
     enabled = torch.ones(rows, dtype=torch.int32)
     problems = []
-    for path, num_tokens in (("small", SMALL_TOKENS), ("large", LARGE_TOKENS)):
-        batch = make_batch(ctx, num_tokens, [0, 5], max_loras, adapter_enabled=enabled)
-        padded, m_blocks = batch.sizes
-        numel, dev = num_tokens * TOP_K, ctx.device
-        sorted_ids = Guarded.make(1, (padded,), rows - 1, -2, -2, torch.int32, dev)
-        expert_ids = Guarded.make(1, (m_blocks,), rows - 1, -7, -7, torch.int32, dev)
-        post_pad = Guarded.make(1, (), rows - 1, -13, -13, torch.int32, dev)
-        token_mask = Guarded.make(1, (numel,), rows - 1, 0, 0, torch.int32, dev)
-        cumsum = Guarded.make(1, (NUM_EXPERTS + 1,), rows - 1, 0, 0, torch.int32, dev)
-        outputs = (sorted_ids.view, expert_ids.view, post_pad.view)
-        prefill = tuple(t.clone() for t in outputs)
-        run_align(ctx, batch, outputs, token_mask=token_mask.view, cumsum=cumsum.view)
-        label = f"{path} path:"
-        problems += align_problems(label, batch, outputs, prefill)
-        problems += [
-            g.trampled(f"{label} {name}")
-            for name, g in (
-                ("sorted_token_ids", sorted_ids),
-                ("expert_ids", expert_ids),
-                ("num_tokens_post_pad", post_pad),
-            )
-        ]
+    for forged in (max_loras, 5):
+        for path, num_tokens in (("small", SMALL_TOKENS), ("large", LARGE_TOKENS)):
+            label = f"forged id {forged}, {path} path:"
+            batch = make_batch(ctx, num_tokens, [0, forged], max_loras, adapter_enabled=enabled)
+            problems += _forged_rows(ctx, batch, rows, label)
     expect_all(problems)
-    return "id 5 skipped on both paths; lora 0 rows match; canaries intact"
+    return "ids 1 and 5 skipped on both paths; lora 0 rows match; canaries intact"
+
+
+def _forged_rows(ctx: Context, batch: Batch, rows: int, label: str) -> list[str | None]:
+    padded, m_blocks = batch.sizes
+    numel, dev = batch.topk_ids.numel(), ctx.device
+    guarded = {
+        "sorted_token_ids": Guarded.make(1, (padded,), rows - 1, -2, -2, torch.int32, dev),
+        "expert_ids": Guarded.make(1, (m_blocks,), rows - 1, -7, -7, torch.int32, dev),
+        "num_tokens_post_pad": Guarded.make(1, (), rows - 1, -13, -13, torch.int32, dev),
+        "token_mask": Guarded.make(1, (numel,), rows - 1, 0, 1, torch.int32, dev),
+        "cumsum": Guarded.make(1, (NUM_EXPERTS + 1,), rows - 1, 0, 0, torch.int32, dev),
+    }
+    outputs = tuple(guarded[name].view for name in list(guarded)[:3])
+    prefill = tuple(t.clone() for t in outputs)
+    workspaces = {"token_mask": guarded["token_mask"].view, "cumsum": guarded["cumsum"].view}
+    run_align(ctx, batch, outputs, **workspaces)
+    problems = align_problems(label, batch, outputs, prefill)
+    return problems + [g.trampled(f"{label} {name}") for name, g in guarded.items()]
 
 
 def disabled_adapter(ctx: Context) -> str:

@@ -1,0 +1,72 @@
+"""Fix-site mutants of lora_dummy_run: the dummy LoRA mapping set short, late or wrong."""
+
+from __future__ import annotations
+
+from harness.fixes import Fix
+from harness.record import Mutant
+
+PART = Fix.LORA_DUMMY_MAPPING
+RUNNER = "harness/runner/model_runner.py"
+MAPPING = "LoRAMapping((0,) * num_tokens, (0,) * num_reqs, True)"
+DUMMY_BRANCH = """            self._set_dummy_lora_state(num_tokens, num_reqs)
+            return self._eager(batch, self.kv_cache.metadata(batch))"""
+
+MUTANTS = (
+    Mutant(
+        "mapping_one_token_short",
+        PART,
+        "boundary",
+        RUNNER,
+        MAPPING,
+        "LoRAMapping((0,) * (num_tokens - 1), (0,) * num_reqs, True)",
+        "the dummy mapping covers one token fewer than the dummy batch",
+    ),
+    Mutant(
+        "prompt_mapping_one_request_short",
+        PART,
+        "partial",
+        RUNNER,
+        MAPPING,
+        "LoRAMapping((0,) * num_tokens, (0,) * (num_reqs - 1), True)",
+        "the prompt mapping (LM head) misses the last dummy request",
+    ),
+    Mutant(
+        "mapping_names_a_real_adapter",
+        PART,
+        "wrong_row",
+        RUNNER,
+        MAPPING,
+        "LoRAMapping((1,) * num_tokens, (1,) * num_reqs, True)",
+        "the dummy mapping uses LoRA id 1 (a loaded adapter) instead of 0 (none)",
+    ),
+    Mutant(
+        "mapping_after_the_dummy_forward",
+        PART,
+        "ordering",
+        RUNNER,
+        DUMMY_BRANCH,
+        "            out = self._eager(batch, self.kv_cache.metadata(batch))\n"
+        "            self._set_dummy_lora_state(num_tokens, num_reqs)\n"
+        "            return out",
+        "the dummy branch sets the mapping after the forward that needs it",
+    ),
+    Mutant(
+        "capture_hook_maps_the_smallest_size",
+        PART,
+        "boundary",
+        RUNNER,
+        "self._set_dummy_lora_state(max(self.config.cudagraph_sizes), self.config.max_num_reqs)",
+        "self._set_dummy_lora_state(min(self.config.cudagraph_sizes), self.config.max_num_reqs)",
+        "the capture hook maps the smallest capture size; larger captures read unset rows",
+    ),
+    Mutant(
+        "mapping_not_prefill",
+        PART,
+        "wrong_row",
+        RUNNER,
+        MAPPING,
+        "LoRAMapping((0,) * num_tokens, (0,) * num_reqs, False)",
+        "the dummy mapping is marked decode",
+        equivalent="is_prefill selects nothing in this runner's LoRA plumbing",
+    ),
+)

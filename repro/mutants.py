@@ -1,0 +1,264 @@
+"""`repro mutants`: fix-site mutation testing of the reproducers.
+
+Each bug keeps a catalogue of mutants (repro/<bug>/mutants.py): small plausible regressions
+of the fixed code at or next to a fix site, one textual edit each. A mutant is applied to a
+copy of the tree and `repro check BUG` runs on the copy (the copy's code in the parent and in
+every child); a regression the reproducers guard against must read as present. Verdicts:
+killed (exit 1), survived (exit 0), cannot test (exit 125: the regression hid behind an
+error), stale (the edit no longer applies), n/a (its code does not run on that device: the CPU
+runs the Triton twins of csrc/). Declared equivalent mutants run too and must pass.
+Random operator mutation (mutmut, cosmic-ray) would mutate everything and rerun the suite per
+mutant; these bugs live in a few fix sites whose relatives are known, so the catalogue targets
+them and says why each edit matters.
+
+Exit: 0 every scored mutant killed and every equivalent one passed, 1 otherwise, 125 nothing
+ran, 130 interrupted, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import device as devices
+from harness.fixes import UsageError
+from harness.isolate import ROOT
+from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED
+from harness.record import Mutant
+from repro import registry
+from repro.commands import print_table, unavailable
+from repro.matrix import writable
+
+TREE = ("harness", "kernels", "repro", "csrc")  # what a check of a copy needs
+CHECK_TIMEOUT_S = 1800.0
+VERDICTS = {0: "survived", 1: "killed", 125: "cannot test"}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser("mutants", help="fix-site mutation testing: is every mutant caught?")
+    m.add_argument("bug", nargs="*", help="only these bugs (default: every bug)")
+    m.add_argument("--device", help="cpu, cuda, auto or all (default: $REPRO_DEVICE, else auto)")
+    m.add_argument("--mutant", action="append", default=[], help="only this mutant (repeatable)")
+    m.add_argument("--jobs", type=int, help="checks at once (default: half the CPU count)")
+    m.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    m.add_argument("--list", action="store_true", help="print the catalogue, run nothing")
+
+
+def catalogue(bug_id: str) -> tuple[Mutant, ...]:
+    return importlib.import_module(f"repro.{bug_id}.mutants").MUTANTS
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    bug: str
+    mutant: Mutant
+    device: str
+    verdict: str
+    seconds: float = 0.0
+    evidence: str = ""
+
+    @property
+    def scored(self) -> bool:
+        return not self.mutant.equivalent and self.verdict not in ("n/a",)
+
+    @property
+    def ok(self) -> bool:
+        if self.verdict == "n/a":
+            return True
+        return self.verdict == ("survived" if self.mutant.equivalent else "killed")
+
+
+def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, Mutant]], list[str]]:
+    bugs = [registry.get(b).id for b in args.bug] or [b.id for b in registry.BUGS]
+    chosen = [(b, m) for b in bugs for m in catalogue(b)]
+    names = {m.name for _, m in chosen}
+    for name in args.mutant:
+        if name not in names:
+            raise UsageError(f"no mutant {name!r}; mutants: {', '.join(sorted(names))}")
+    if args.mutant:
+        chosen = [(b, m) for b, m in chosen if m.name in args.mutant]
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.json:
+        writable(args.json, "--json")
+    requested = args.device or os.environ.get(devices.ENV_DEVICE) or "auto"
+    if requested == "all":
+        return chosen, ["cpu", "cuda"]
+    try:
+        return chosen, [devices.resolve(devices.check_choice(requested))]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def cmd_mutants(args: argparse.Namespace) -> int:
+    chosen, wanted = _plan(args)
+    if args.list:
+        rows = [("bug", "mutant", "part", "kind", "devices", "why")]
+        for bug, m in chosen:
+            why = m.why + (f" [equivalent: {m.equivalent}]" if m.equivalent else "")
+            rows.append((bug, m.name, m.part.value, m.kind, ",".join(m.devices), why))
+        print_table(rows)
+        return 0
+    runnable = []
+    for device in wanted:
+        why = unavailable(device)
+        if why:
+            print(f"{device}: skipped: {why}", file=sys.stderr)
+        else:
+            runnable.append(device)
+    if not runnable:
+        print("mutants: nothing could run", file=sys.stderr)
+        return EXIT_CANNOT_TEST
+    jobs = args.jobs or max(1, (os.cpu_count() or 2) // 2)
+    cells, interrupted = _run(chosen, runnable, jobs)
+    _report(cells, runnable)
+    if args.json:
+        Path(args.json).write_text(json.dumps([_cell_json(c) for c in cells], indent=2))
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return 0 if all(c.ok for c in cells) else 1
+
+
+def _run(chosen, devices_: list[str], jobs: int) -> tuple[list[Cell], bool]:
+    """Every (mutant, device), at most `jobs` checks at once, each on its own copy."""
+    todo = [(b, m, d) for d in devices_ for b, m in chosen]
+    cells: dict[int, Cell] = {}
+    running: dict[int, tuple[subprocess.Popen, Path, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="repro-mutants-") as tmp:
+        pristine = Path(tmp) / "tree"
+        for name in TREE:
+            shutil.copytree(
+                ROOT / name, pristine / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        queue = list(enumerate(todo))
+        try:
+            while queue or running:
+                while queue and len(running) < jobs:
+                    i, (bug, mutant, device) = queue.pop(0)
+                    started = _start(bug, mutant, device, pristine, Path(tmp) / f"m{i}")
+                    if isinstance(started, Cell):
+                        cells[i] = started
+                    else:
+                        running[i] = (*started, time.monotonic())
+                for i, (proc, copy, t0) in list(running.items()):
+                    code = proc.poll()
+                    if code is None and time.monotonic() - t0 < CHECK_TIMEOUT_S:
+                        continue
+                    if code is None:
+                        _kill(proc)
+                    out = proc.stdout.read() if proc.stdout else ""
+                    bug, mutant, device = todo[i]
+                    verdict = VERDICTS.get(code, f"exit {code}")
+                    cells[i] = Cell(bug, mutant, device, verdict, time.monotonic() - t0, out)
+                    del running[i]
+                    shutil.rmtree(copy, ignore_errors=True)
+                    _progress(cells[i], len(cells), len(todo))
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            for proc, _, _ in running.values():
+                _kill(proc)
+            return [cells[i] for i in sorted(cells)], True
+    return [cells[i] for i in sorted(cells)], False
+
+
+def _start(bug: str, mutant: Mutant, device: str, pristine: Path, copy: Path):
+    """The check's process and copy, or a Cell when there is nothing to run."""
+    if device not in mutant.devices:
+        return Cell(
+            bug, mutant, device, "n/a", 0.0, f"its code runs on {', '.join(mutant.devices)}"
+        )
+    target = pristine / mutant.file
+    if target.read_text().count(mutant.old) != 1:
+        return Cell(bug, mutant, device, "stale", 0.0, f"the edit does not apply to {mutant.file}")
+    shutil.copytree(pristine, copy)
+    path = copy / mutant.file
+    path.write_text(path.read_text().replace(mutant.old, mutant.new))
+    env = dict(os.environ)
+    if mutant.file.startswith("csrc/"):
+        env["REPRO_CACHE_DIR"] = str(copy / ".cache")  # the mutant's own build
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "repro", "check", bug, "--device", device],
+        cwd=copy,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    return proc, copy
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGTERM the check's group (it then stops its own children), SIGKILL if it lingers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _progress(cell: Cell, done: int, total: int) -> None:
+    mark = "ok" if cell.ok else "HOLE"
+    print(
+        f"[{done:>3}/{total}] {cell.bug} {cell.mutant.name} {cell.device}: {cell.verdict} "
+        f"{mark} {cell.seconds:.1f}s",
+        flush=True,
+    )
+
+
+def _report(cells: list[Cell], devices_: list[str]) -> None:
+    by_mutant: dict[tuple[str, str], dict[str, Cell]] = {}
+    for c in cells:
+        by_mutant.setdefault((c.bug, c.mutant.name), {})[c.device] = c
+    rows = [("bug", "mutant", "part", "kind", *devices_)]
+    for (bug, name), per in by_mutant.items():
+        m = next(iter(per.values())).mutant
+        verdicts = [per[d].verdict if d in per else "-" for d in devices_]
+        kind = m.kind + (" (equivalent)" if m.equivalent else "")
+        rows.append((bug, name, m.part.value, kind, *verdicts))
+    print()
+    print_table(rows)
+    for d in devices_:
+        scored = [c for c in cells if c.device == d and c.scored]
+        killed = sum(c.verdict == "killed" for c in scored)
+        if scored:
+            print(f"\n{d}: mutation score {killed}/{len(scored)} = {killed / len(scored):.0%}")
+    if len(devices_) > 1:
+        differ = [
+            key
+            for key, per in by_mutant.items()
+            if len({c.verdict for c in per.values() if c.verdict != "n/a"}) > 1
+        ]
+        print(f"\nverdicts that differ between devices: {differ or 'none'}")
+    for c in [c for c in cells if not c.ok]:
+        tail = "\n    ".join(c.evidence.strip().splitlines()[-8:])
+        print(f"\nHOLE {c.bug} {c.mutant.name} [{c.device}]: {c.verdict}\n    {tail}")
+
+
+def _cell_json(c: Cell) -> dict:
+    return {
+        "bug": c.bug,
+        "mutant": c.mutant.name,
+        "part": c.mutant.part.value,
+        "kind": c.mutant.kind,
+        "device": c.device,
+        "verdict": c.verdict,
+        "equivalent": c.mutant.equivalent,
+        "ok": c.ok,
+        "seconds": round(c.seconds, 2),
+        "evidence": c.evidence[-4000:],
+    }
