@@ -35,7 +35,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[DEVICE_KEY] = device
     # Property sweeps: few derandomized examples through the CPU interpreter, more on a GPU.
     examples = {"cpu": 8, "cuda": 150}[device]
-    settings.register_profile("repro", max_examples=examples, deadline=None, derandomize=True)
+    settings.register_profile(
+        "repro", max_examples=examples, deadline=None, derandomize=True, database=None
+    )
     settings.load_profile("repro")
     from repro.registry import BUGS
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.runner.block_table import BlockTables
 from harness.runner.sleep_mode import make_pools
 from kernels.block_table import gather_block_tables_reference, slot_mappings_reference
+
+pytestmark = pytest.mark.block_table_wake  # the layout tensors of vLLM #40648
 
 BLOCK_SIZES = (4, 16)  # two KV-cache groups
 

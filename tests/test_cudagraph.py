@@ -121,6 +121,7 @@ def test_piecewise_runs_outside_work_eagerly_at_every_replay(device) -> None:
     assert calls == [1.0, 1.0, 1.0] and full.launches == ["mul_", "add_", "add_"]
 
 
+@pytest.mark.lazy_attn_state
 @pytest.mark.parametrize(
     ("mode", "fixes", "order", "kept"),
     [

@@ -64,6 +64,7 @@ def test_shrink_then_expand_match_reference(device, slots, hidden, rank, width, 
     assert torch.equal(y_dev.cpu().double(), expected)
 
 
+@pytest.mark.lora_graph_capture
 def test_no_lora_flag_returns_before_launching(device) -> None:
     meta = make_meta([-1, -1, -1], 2, device)
     launched = []
@@ -79,6 +80,7 @@ def test_no_lora_flag_returns_before_launching(device) -> None:
     assert launched == [] and bool(meta.no_lora_flag_cpu[0])
 
 
+@pytest.mark.lora_graph_capture
 @pytest.mark.parametrize(
     ("specialize", "active", "programs"),
     [(False, 1, 3), (False, 3, 3), (True, 1, 1), (True, 3, 3), (True, 0, 0)],

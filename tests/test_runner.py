@@ -66,6 +66,8 @@ def test_set_adapter_mapping_skips_an_equal_mapping(device) -> None:
     assert meta.no_lora_flag_cpu[0]
 
 
+@pytest.mark.lora_dummy_run
+@pytest.mark.lora_graph_capture
 @pytest.mark.parametrize(
     ("fixes", "flag", "active"),
     [(ALL_FIXES, False, 1), (ALL_FIXES - {Fix.LORA_CAPTURE_LAUNCH}, True, 0)],
@@ -93,6 +95,7 @@ def test_eager_step_matches_reference_and_every_lora_changes_it(device) -> None:
         getattr(model, name).copy_(saved)
 
 
+@pytest.mark.lora_dummy_run
 def test_dummy_run_writes_nothing_to_the_kv_cache(device) -> None:
     runner = ModelRunner(RunnerConfig(device))
     before = [c.clone() for c in runner.kv_cache.k_caches]
@@ -146,6 +149,7 @@ def test_full_and_piecewise_capture_and_dispatch(device) -> None:
         assert not any(step_problems(str(want), eager, step_reference(runner, requests), replay))
 
 
+@pytest.mark.lora_graph_capture
 def test_specialized_lora_captures_one_case_per_active_count(device) -> None:
     config = RunnerConfig(device, cudagraph_sizes=(8,), specialize_active_lora=True)
     runner = ModelRunner(config)

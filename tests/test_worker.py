@@ -9,6 +9,8 @@ from harness.fixes import ALL_FIXES, Fix
 from harness.runner.model_runner import ModelRunner, RunnerConfig
 from harness.runner.worker import Worker
 
+pytestmark = pytest.mark.block_table_wake  # the wake path of vLLM #40648
+
 
 def _worker(device, fixes=ALL_FIXES) -> Worker:
     return Worker(RunnerConfig(device, fixes, enable_lora=False, max_model_len=32))
