@@ -12,6 +12,7 @@ import pytest
 from hypothesis import settings
 
 from harness import device as devices
+from harness.isolate import ENV_SERVER
 
 DEVICE_KEY = pytest.StashKey[str]()
 
@@ -27,6 +28,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A developer's warm server (repro serve) must not serve the tests: they start their own.
+    os.environ[ENV_SERVER] = "off"
     devices.pin_xdist_worker(os.environ.get("PYTEST_XDIST_WORKER"))
     device = devices.resolve(config.getoption("--device"))
     if device == "cuda" and not devices.cuda_available():

@@ -69,7 +69,8 @@ def run(spec: dict, started: float, timings: dict[str, float]) -> dict:
         import torch
 
         if spec["device"] == "cuda" and spec["target"] != PREPARE and not torch.cuda.is_available():
-            raise Skip("no CUDA device visible to the child")
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+            raise Skip(f"no CUDA device visible to the child (CUDA_VISIBLE_DEVICES={visible})")
         fn = _resolve(spec["target"])
         ctx = Context(frozenset(Fix(n) for n in spec["fixes"]), spec["device"], spec["seed"])
         torch.manual_seed(ctx.seed)
@@ -106,6 +107,11 @@ def _sticky_cuda_error(device: str) -> str:
     except Exception as e:
         return f"\nsticky CUDA error at synchronize: {e}"
     return ""
+
+
+def noop(ctx: Context) -> str:
+    """Not a scenario: a child that does nothing (what a child costs: `repro bench`)."""
+    return "nothing"
 
 
 def prepare_cuda(ctx: Context) -> str:

@@ -37,8 +37,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import device as devices
 from harness import lifetime
 from harness.fixes import Variant
+from harness.forkserver import PROTOCOL, installed_versions
 from harness.outcome import ChildExit, Outcome, classify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +54,15 @@ SANITIZER_SLOWDOWN = 10.0  # compute-sanitizer instruments every kernel: scale t
 # `python -c`: sys.path[0] would be the working directory; the tree is ROOT, passed as argv[1].
 _BOOT = "import sys; sys.path[:] = [sys.argv[1], *(p for p in sys.path if p)]; "
 SERVER_BOOT = _BOOT + "from harness.forkserver import serve; serve(sys.argv[2], int(sys.argv[3]))"
+WARM_BOOT = (
+    _BOOT + "from harness.forkserver import serve_warm; "
+    "serve_warm(sys.argv[2], sys.argv[3], float(sys.argv[4]))"
+)
 CHILD_BOOT = _BOOT + "from harness.child import spawned; spawned(sys.argv[2])"
+ENV_SERVER = "REPRO_SERVER"  # auto: use a warm server when one runs (repro serve); off: never
+ENV_SERVER_DIR = "REPRO_SERVER_DIR"  # where warm servers' sockets live (default: per user)
+WARM_HELLO_S = 5.0  # a warm server that does not say hello by then is not used
+WARM_IDLE_S = 600.0  # a warm server exits after this long without a client
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +99,7 @@ class Result:
     evidence: str
     seconds: float  # wall time of the whole child, start to reap
     scenario_seconds: float | None = None  # the scenario alone, as the child measured it
+    gpu: str | None = None  # the GPU it ran on, when the caller sees several
 
 
 class Interrupted(KeyboardInterrupt):
@@ -113,6 +124,42 @@ def _tail(path: Path, lines: int = 12) -> str:
         return ""
 
 
+def user_directory() -> Path:
+    """This user's directory for run files and warm servers' sockets (mode 0700)."""
+    base = Path(os.environ.get(ENV_SERVER_DIR) or tempfile.gettempdir()) / f"repro-{os.getuid()}"
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return base
+
+
+def warm_socket(device: str) -> Path:
+    return user_directory() / f"server-{device}.sock"
+
+
+def warm_log(device: str) -> Path:
+    return user_directory() / f"server-{device}.log"
+
+
+def start_warm(device: str, idle_s: float, root: Path = ROOT) -> subprocess.Popen:
+    """A detached warm server for `device` (its socket appears once torch is imported)."""
+    with warm_log(device).open("ab") as out:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WARM_BOOT,
+                str(root),
+                device,
+                str(warm_socket(device)),
+                str(idle_s),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_child_env(),
+            start_new_session=True,
+        )
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -125,8 +172,7 @@ def _alive(pid: int) -> bool:
 
 def _run_directory() -> Path:
     """A fresh directory for this process's files; sweep those whose process is gone."""
-    base = Path(tempfile.gettempdir()) / f"repro-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
+    base = user_directory()
     for old in base.iterdir():
         owner = old.name.partition("-")[0]
         if owner.isdigit() and not _alive(int(owner)):
@@ -147,18 +193,27 @@ class _Run:
     proc: subprocess.Popen | None = None
     pidfd: int | None = None
     pid: int | None = None
+    gpu: str | None = None  # the GPU the child runs on (when the caller sees several)
     timed_out: bool = False  # past its limit: asked for its stacks, then killed
     killed: bool = False
 
 
 class _Server:
-    """Client side of one fork server (harness.forkserver), over a socket pair."""
+    """Client side of one fork server (harness.forkserver): a private one over a socket pair
+    (`start`), or a warm one on its per-user socket (`connect`)."""
 
-    def __init__(self, device: str, root: Path, log: Path) -> None:
-        self.device, self.log = device, log
+    def __init__(self, device: str, sock: socket.socket, log: Path | None, proc) -> None:
+        self.device, self.sock, self.log, self.proc = device, sock, log, proc
+        self.buffer, self.started, self.ready = b"", time.monotonic(), False
+        self.versions: dict[str, str] = {}
+        self.pid: int | None = proc.pid if proc is not None else None
+        self.runs: dict[int, _Run] = {}  # request id -> run
+
+    @classmethod
+    def start(cls, device: str, root: Path, log: Path) -> _Server:
         ours, theirs = socket.socketpair()
         with log.open("wb") as out:
-            self.proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-c", SERVER_BOOT, str(root), device, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
@@ -168,10 +223,32 @@ class _Server:
                 start_new_session=True,
             )
         theirs.close()
-        self.sock, self.buffer = ours, b""
-        self.started, self.ready = time.monotonic(), False
-        self.versions: dict[str, str] = {}
-        self.runs: dict[int, _Run] = {}  # request id -> run
+        return cls(device, ours, log, proc)
+
+    @classmethod
+    def connect(cls, device: str) -> _Server | None:
+        """The warm server of `device`, if one runs, answers and matches this installation."""
+        path = warm_socket(device)
+        if not path.exists():
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(WARM_HELLO_S)
+        try:
+            sock.connect(str(path))
+            hello = json.loads(sock.makefile("rb").readline())
+        except (OSError, ValueError):
+            sock.close()
+            return None
+        sock.settimeout(None)
+        server = cls(device, sock, None, None)
+        server.ready, server.versions = True, hello.get("versions", {})
+        server.pid = hello.get("pid")
+        if hello.get("protocol") != PROTOCOL or server.versions != installed_versions():
+            server.send({"stop": True})  # stale: replaced by a fresh one for the next run
+            sock.close()
+            start_warm(device, WARM_IDLE_S)
+            return None
+        return server
 
     def send(self, message: dict) -> bool:
         """False when the server is gone."""
@@ -193,13 +270,18 @@ class _Server:
         return [json.loads(line) for line in lines if line.strip()]
 
     def evidence(self) -> str:
-        return _tail(self.log)
+        return (
+            _tail(self.log) if self.log else f"(a warm server: its log is {warm_log(self.device)})"
+        )
 
     def stop(self) -> None:
-        """Kill it (its children die with it: parent-death signal) and reap it."""
-        self.proc.kill()
+        """A private server: kill it (its children die with it: parent-death signal) and reap
+        it. A warm one: leave (it kills this connection's children and stays warm)."""
+        if self.proc is not None:
+            self.proc.kill()
         self.sock.close()
-        self.proc.wait()
+        if self.proc is not None:
+            self.proc.wait()
 
 
 class Isolator:
@@ -210,6 +292,9 @@ class Isolator:
         if self.mode not in MODES:
             raise ValueError(f"isolation mode must be one of {', '.join(MODES)}: {self.mode!r}")
         self.root, self.directory = root, _run_directory()
+        self.use_warm = os.environ.get(ENV_SERVER, "auto") != "off"
+        self.gpus = devices.visible_gpus()  # cuda children are spread over them
+        self.env = _child_env()  # what every child runs with, whichever server forks it
         self.selector = selectors.DefaultSelector()
         self.servers: dict[str, _Server] = {}
         self.restarted: set[str] = set()
@@ -233,9 +318,13 @@ class Isolator:
             self._server(device)
 
     def _server(self, device: str) -> _Server:
+        """The device's server: a warm one if it runs (`repro serve`), else a private one."""
         if device not in self.servers:
-            log = self.directory / f"server-{device}-{next(self.ids)}.log"
-            server = self.servers[device] = _Server(device, self.root, log)
+            server = _Server.connect(device) if self.use_warm and self.mode == "fork" else None
+            if server is None:
+                log = self.directory / f"server-{device}-{next(self.ids)}.log"
+                server = _Server.start(device, self.root, log)
+            self.servers[device] = server
             self.selector.register(server.sock, selectors.EVENT_READ, server)
         return self.servers[device]
 
@@ -271,6 +360,7 @@ class _Batch:
         self.pending = collections.deque(range(len(jobs)))
         self.running: set[_Run] = set()
         self.results: dict[int, Result] = {}
+        self.gpu_load = collections.Counter({gpu: 0 for gpu in iso.gpus})
 
     def run(self) -> list[Result]:
         while self.pending or self.running:
@@ -303,7 +393,7 @@ class _Batch:
         job, now = self.jobs[index], time.monotonic()
         directory = self.iso.directory / f"job-{next(self.iso.ids)}"
         directory.mkdir()
-        run = _Run(index, job, directory, now, now + job.limit_s)
+        run = _Run(index, job, directory, now, now + job.limit_s, gpu=self._pick_gpu(job))
         if self.iso.mode == "spawn" or job.sanitizer:
             self._spawn(run)
             return
@@ -315,9 +405,18 @@ class _Batch:
         run.server, server.runs[rid] = server, run
         run.deadline = self._answer_deadline(server)
         self.running.add(run)
-        message = {"id": rid, "root": str(self.iso.root), "request": job.request(directory)}
-        if not server.send(message):
+        request = {**job.request(directory), "env": self.iso.env, "gpu": run.gpu}
+        if not server.send({"id": rid, "root": str(self.iso.root), "request": request}):
             self._server_died(server)
+
+    def _pick_gpu(self, job: Job) -> str | None:
+        """The least busy of the caller's GPUs for a cuda child (None: one GPU or none, the
+        child keeps the caller's CUDA_VISIBLE_DEVICES)."""
+        if job.device != "cuda" or len(self.gpu_load) < 2:
+            return None
+        gpu = min(self.gpu_load, key=lambda g: (self.gpu_load[g], self.iso.gpus.index(g)))
+        self.gpu_load[gpu] += 1
+        return gpu
 
     def _answer_deadline(self, server: _Server) -> float:
         if server.ready:
@@ -329,14 +428,16 @@ class _Batch:
         cmd = [sys.executable, "-c", CHILD_BOOT, str(self.iso.root), json.dumps(request)]
         if run.job.sanitizer:
             cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", *cmd]
-        parent = os.getpid()
+        parent, env = os.getpid(), dict(self.iso.env)
+        if run.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = run.gpu
         with open(request["log"], "wb") as log:
             run.proc = subprocess.Popen(
                 cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_child_env(),
+                env=env,
                 start_new_session=True,
                 preexec_fn=lambda: lifetime.die_with_parent(parent),
             )
@@ -401,6 +502,8 @@ class _Batch:
         runs = list(server.runs.values())
         for run in runs:
             self.running.discard(run)
+            if run.gpu is not None:
+                self.gpu_load[run.gpu] -= 1
             if run.pid is not None:
                 lifetime.kill_group(run.pid)
             shutil.rmtree(run.directory, ignore_errors=True)
@@ -431,6 +534,9 @@ class _Batch:
         self._record(run, Result(run.job, Outcome.ERROR, evidence, 0.0))
 
     def _record(self, run: _Run, result: Result) -> None:
+        if run.gpu is not None:
+            self.gpu_load[run.gpu] -= 1
+            result = dataclasses.replace(result, gpu=run.gpu)
         if run.pidfd is not None:
             self.iso.selector.unregister(run.pidfd)
             os.close(run.pidfd)

@@ -121,6 +121,16 @@ _NOT_TESTABLE = {
 }
 
 
+def _stacks(text: str, frames: int = 4) -> str:
+    """The innermost frames of the last stack dump in `text` (faulthandler prints most recent
+    call first): where a hung child was; else the output's tail."""
+    at = text.rfind("(most recent call first):")
+    if at < 0:
+        return _tail(text)
+    lines = [line.strip() for line in text[at:].splitlines()[1:] if line.strip()]
+    return "\n".join(lines[:frames])
+
+
 def _from_report(report: dict) -> Classified:
     status = report.get("status")
     if status == "pass":
@@ -161,7 +171,9 @@ def _from_exit(code: int, stderr: str) -> Classified:
 def classify(child: ChildExit) -> Classified:
     """One outcome for any way a child can end."""
     if child.timed_out:
-        return Classified(Outcome.TIMEOUT, f"no exit within the time limit\n{_tail(child.stderr)}")
+        return Classified(
+            Outcome.TIMEOUT, f"no exit within the time limit\n{_stacks(child.stderr)}"
+        )
     errors = _SANITIZER_ERRORS.search(child.stderr) if child.sanitizer else None
     if errors:
         return Classified(

@@ -19,7 +19,16 @@ from pathlib import Path
 from harness import device as devices
 from harness.child import PREPARE
 from harness.fixes import ALL_FIXES, UsageError, Variant, describe, parse_fix, select_variant
-from harness.isolate import ENV_ISOLATION, MODES, Interrupted, Isolator, Job, Result
+from harness.isolate import (
+    ENV_ISOLATION,
+    ENV_SERVER,
+    ENV_SERVER_DIR,
+    MODES,
+    Interrupted,
+    Isolator,
+    Job,
+    Result,
+)
 from harness.outcome import (
     EXIT_CANNOT_TEST,
     EXIT_INTERRUPTED,
@@ -95,10 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--no-confirm", action="store_true", help="exit 1 on a first failure, without a rerun"
     )
-    from repro import matrix, mutants
+    from repro import bench, matrix, mutants, serve
 
     matrix.add_parser(sub)
     mutants.add_parser(sub)
+    serve.add_parser(sub)
+    bench.add_parser(sub)
     return parser
 
 
@@ -128,9 +139,12 @@ def check_environment() -> None:
         devices.check_choice(None)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    cache = os.environ.get("REPRO_CACHE_DIR")
-    if cache is not None and (not cache or (Path(cache).exists() and not Path(cache).is_dir())):
-        raise UsageError(f"$REPRO_CACHE_DIR must name a directory, got {cache!r}")
+    if os.environ.get(ENV_SERVER, "auto") not in ("auto", "off"):
+        raise UsageError(f"${ENV_SERVER} must be auto or off, got {os.environ[ENV_SERVER]!r}")
+    for name in ("REPRO_CACHE_DIR", ENV_SERVER_DIR):
+        value = os.environ.get(name)
+        if value is not None and (not value or (Path(value).exists() and not Path(value).is_dir())):
+            raise UsageError(f"${name} must name a directory, got {value!r}")
 
 
 def device_choice(requested: str | None) -> str:
@@ -407,6 +421,18 @@ def _mutants(args: argparse.Namespace) -> int:
     return mutants.cmd_mutants(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from repro import serve
+
+    return serve.cmd_serve(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from repro import bench
+
+    return bench.cmd_bench(args)
+
+
 COMMANDS = {
     "list": cmd_list,
     "info": cmd_info,
@@ -414,4 +440,6 @@ COMMANDS = {
     "check": cmd_check,
     "matrix": _matrix,
     "mutants": _mutants,
+    "serve": _serve,
+    "bench": _bench,
 }

@@ -30,6 +30,8 @@ LIGHT = [
     "repro/commands.py",
     "repro/matrix.py",
     "repro/mutants.py",
+    "repro/serve.py",
+    "repro/bench.py",
     "repro/registry.py",
     "harness/isolate.py",
     "harness/child.py",

@@ -1,0 +1,108 @@
+"""`repro bench`: what a verdict costs on this machine, each figure against the floor (a bare
+interpreter importing torch and Triton, and initializing CUDA on a GPU). A benchmark, not a test:
+it prints what it measured; compare the JSON between commits or machines.
+
+    repro bench [--device cpu|cuda|auto] [--repeat N] [--json FILE]
+
+Figures (median of N runs): usage error, `repro list`, `repro check` of one scenario cold (a
+private server) and warm (`repro serve` running), the overhead of one child that does nothing
+(warm), and `repro matrix --each-part` on the device (warm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import device as devices
+from harness.fixes import ALL_FIXES, UsageError
+from harness.isolate import ENV_SERVER, ENV_SERVER_DIR, Isolator, Job
+from repro.commands import device_choice, print_table, unavailable
+from repro.matrix import writable
+
+CHECK = ("check", "lora_dummy_run", "--scenario", "dummy_run_before_mapping")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("bench", help="what a verdict costs here, against a bare torch import")
+    b.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
+    b.add_argument("--repeat", type=int, default=3, metavar="N")
+    b.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+
+
+def _timed(argv: list[str], env: dict[str, str]) -> float:
+    start = time.monotonic()
+    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.monotonic() - start
+
+
+def _median(argv: list[str], env: dict[str, str], repeat: int) -> float:
+    return statistics.median(_timed(argv, env) for _ in range(repeat))
+
+
+def _floor(device: str) -> list[str]:
+    init = "; torch.cuda.init(); torch.zeros(1, device='cuda')" if device == "cuda" else ""
+    return [sys.executable, "-c", "import torch, triton" + init]
+
+
+def _child_overhead(device: str, repeat: int) -> float:
+    """Seconds per child that does nothing, the server already warm."""
+    job = Job("bench", "noop", "harness.child:noop", ALL_FIXES, device, 60.0)
+    with Isolator("fork") as isolator:
+        isolator.run(job)  # the server's start is not a child's cost
+        start = time.monotonic()
+        isolator.run_all([job] * (4 * repeat), workers=1)
+        return (time.monotonic() - start) / (4 * repeat)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
+    if args.json:
+        writable(args.json, "--json")
+    device = devices.resolve(device_choice(args.device))
+    why = unavailable(device)
+    if why:
+        print(f"{device}: cannot bench: {why}")
+        return 125
+    repro = [sys.executable, "-m", "repro"]
+    with tempfile.TemporaryDirectory(prefix="repro-bench-") as tmp:
+        cold = {**os.environ, ENV_SERVER: "off"}
+        warm = {**os.environ, ENV_SERVER: "auto", ENV_SERVER_DIR: tmp}
+        figures = {
+            "floor_import": _median(_floor(device), cold, args.repeat),
+            "usage_error": _median([*repro, "check", "no_such_bug"], cold, args.repeat),
+            "list": _median([*repro, "list"], cold, args.repeat),
+            "check_cold": _median([*repro, *CHECK, "--device", device], cold, args.repeat),
+        }
+        quiet = {"env": warm, "stdout": subprocess.DEVNULL}
+        subprocess.run([*repro, "serve", "--device", device], check=True, **quiet)
+        try:
+            figures["check_warm"] = _median([*repro, *CHECK, "--device", device], warm, args.repeat)
+            os.environ[ENV_SERVER_DIR], os.environ[ENV_SERVER] = tmp, "auto"
+            figures["child_overhead"] = _child_overhead(device, args.repeat)
+            matrix = [*repro, "matrix", "--each-part", "--device", device]
+            figures["matrix_each_part"] = _timed(matrix, warm)
+        finally:
+            subprocess.run([*repro, "serve", "--device", device, "--stop"], **quiet)
+    return _report(device, figures, args.json)
+
+
+def _report(device: str, figures: dict[str, float], path: str | None) -> int:
+    floor = figures["floor_import"]
+    rows = [("figure", "seconds", "x floor")]
+    rows += [(name, f"{s:.3f}", f"{s / floor:.2f}") for name, s in figures.items()]
+    print(f"repro bench on {device} ({platform.node()}, {os.cpu_count()} CPUs)")
+    print_table(rows)
+    if path:
+        result = {"device": device, "cpus": os.cpu_count(), "figures": figures}
+        Path(path).write_text(json.dumps(result, indent=2))
+    return 0

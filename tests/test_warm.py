@@ -1,0 +1,94 @@
+"""The warm server (`repro serve`) and the spread of cuda children over the caller's GPUs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness import device as devices
+from harness import isolate
+from harness.fixes import ALL_FIXES
+from harness.isolate import Isolator, Job
+from harness.outcome import Outcome
+from tests import procs
+from tests.test_bisect import CHECK_GRID, GRID_FIX, Repo
+
+
+@pytest.fixture
+def server_dir(tmp_path, monkeypatch):
+    """Warm servers of this test only: their own socket directory."""
+    monkeypatch.setenv(isolate.ENV_SERVER_DIR, str(tmp_path / "servers"))
+    monkeypatch.setenv(isolate.ENV_SERVER, "auto")  # conftest turns warm servers off
+    monkeypatch.setenv(procs.TAG, procs.new_tag())
+    yield tmp_path / "servers"
+    subprocess.run(procs.repro_command("serve", "--device", "cpu", "--stop"), check=False)
+    assert procs.survivors(os.environ[procs.TAG]) == []
+
+
+def repro_in(repo: Repo, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "repro", *argv],
+        cwd=repo.path,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_a_warm_server_runs_the_new_code_after_a_checkout(server_dir, tmp_path) -> None:
+    repo = Repo(tmp_path / "repo")
+    started = repro_in(repo, "serve", "--device", "cpu", "--idle", "120")
+    assert started.returncode == 0 and "warm server at" in started.stdout, started.stdout
+    # Only the warm server can serve from here on: a private one would import a broken numpy.
+    (tmp_path / "broken" / "numpy").mkdir(parents=True)
+    (tmp_path / "broken" / "numpy" / "__init__.py").write_text("raise ImportError('no')\n")
+    env = {"PYTHONPATH": str(tmp_path / "broken")}
+    before = repro_in(repo, "check", *CHECK_GRID, env=env)
+    assert before.returncode == 0, before.stdout + before.stderr
+    repo.edit("kernels/moe_lora_align.py", GRID_FIX, "num_slots = max_loras")
+    repo.commit("the align grid one slot short again")  # as a checkout of that commit would
+    after = repro_in(repo, "check", *CHECK_GRID, env=env)
+    assert after.returncode == 1, after.stdout + after.stderr
+    assert "moe_align_grid [fixed, cpu]: PRESENT" in after.stdout
+
+
+def test_a_warm_server_exits_when_idle_and_when_its_socket_goes(server_dir) -> None:
+    socket_path = server_dir / f"repro-{os.getuid()}" / "server-cpu.sock"
+    for how in ("idle", "socket removed"):
+        idle = "1" if how == "idle" else "600"
+        done = subprocess.run(
+            procs.repro_command("serve", "--device", "cpu", "--idle", idle), capture_output=True
+        )
+        assert done.returncode == 0 and socket_path.exists()
+        if how == "socket removed":
+            socket_path.unlink()
+        gone = procs.wait_until(lambda: not procs.tagged(os.environ[procs.TAG]), 30.0)
+        assert gone, f"the warm server outlived its {how}"
+
+
+def test_a_stale_warm_server_is_replaced(server_dir, monkeypatch) -> None:
+    assert subprocess.run(procs.repro_command("serve", "--device", "cpu")).returncode == 0
+    first = isolate._Server.connect("cpu")
+    first.sock.close()
+    with monkeypatch.context() as patch:  # the installation changed under the warm server
+        patch.setattr(isolate, "installed_versions", lambda: {"torch": "0.0.0"})
+        assert isolate._Server.connect("cpu") is None
+    assert procs.wait_until(lambda: not isolate._alive(first.pid), 30.0), "the stale one stays"
+    fresh = procs.wait_until(lambda: isolate._Server.connect("cpu"), 120.0, 0.2)
+    assert fresh is not None and fresh.pid != first.pid, "no fresh warm server replaced it"
+    fresh.sock.close()
+
+
+def test_cuda_children_are_spread_over_the_callers_gpus(monkeypatch) -> None:
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["3", "5"])
+    jobs = [Job("test", "passes", "tests.children:passes", ALL_FIXES, "cuda", 60)] * 4
+    with Isolator("fork") as isolator:
+        results = isolator.run_all(jobs, workers=4)
+    assert sorted(r.gpu for r in results) == ["3", "3", "5", "5"]
+    for r in results:  # here no GPU answers: each child says which one it was given
+        assert r.outcome == Outcome.SKIPPED and f"CUDA_VISIBLE_DEVICES={r.gpu}" in r.evidence
