@@ -102,6 +102,13 @@ def entry_point(*argv: str, env: dict[str, str] | None = None) -> subprocess.Com
         (["check", "moe_align_grid"], {"REPRO_DEVICE": "tpu"}, "$REPRO_DEVICE must be one of"),
         (["matrix"], {"REPRO_DEVICE": "tpu"}, "$REPRO_DEVICE must be one of"),
         (["list"], {"REPRO_CACHE_DIR": "/etc/hostname"}, "$REPRO_CACHE_DIR must name a directory"),
+        (["list"], {"REPRO_SERVER": "maybe"}, "$REPRO_SERVER must be auto or off"),
+        (["list"], {"REPRO_SERVER_DIR": "/etc/hostname"}, "$REPRO_SERVER_DIR must name a"),
+        (["serve", "--idle", "0"], {}, "--idle must be positive"),
+        (["bench", "--repeat", "0"], {}, "--repeat must be at least 1"),
+        (["mutants", "--jobs", "0"], {}, "--jobs must be at least 1"),
+        (["mutants", "--mutant", "nope"], {}, "no mutant 'nope'; mutants:"),
+        (["mutants", "no_such_bug"], {}, "unknown bug id"),
     ],
 )
 def test_usage_error_exits_2_with_one_line_and_no_torch(argv, env, message) -> None:
