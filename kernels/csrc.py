@@ -32,11 +32,20 @@ class BuildUnavailable(BuildError):
     """The extension cannot be built here (no CUDA torch, no nvcc)."""
 
 
-def cache_dir() -> Path:
-    import torch
+def cache_dir(torch_version: str | None = None, cuda_version: str | None = None) -> Path:
+    """Where builds for this torch live; the versions of the imported torch by default."""
+    if torch_version is None:
+        import torch
 
+        torch_version, cuda_version = torch.__version__, torch.version.cuda
     root = Path(os.environ.get("REPRO_CACHE_DIR", Path.home() / ".cache" / "repro"))
-    return root / f"torch-{torch.__version__}-cuda-{torch.version.cuda}"
+    return root / f"torch-{torch_version}-cuda-{cuda_version}"
+
+
+def all_fresh(torch_version: str, cuda_version: str | None) -> bool:
+    """Whether every extension has a fresh build for these versions (no torch import: the
+    CLI asks this to skip its build child)."""
+    return all(_fresh_build(name, cache_dir(torch_version, cuda_version)) for name in EXTENSIONS)
 
 
 def _arch_list() -> str | None:
@@ -48,9 +57,9 @@ def _arch_list() -> str | None:
     return ";".join(sorted(set(caps))) or None
 
 
-def _fresh_build(name: str) -> Path | None:
+def _fresh_build(name: str, directory: Path | None = None) -> Path | None:
     """The built library of `name` if it is newer than its inputs."""
-    built = cache_dir() / name / f"repro_{name}.so"
+    built = (directory or cache_dir()) / name / f"repro_{name}.so"
     inputs = [*CSRC.iterdir(), Path(__file__)]
     if built.exists() and built.stat().st_mtime > max(p.stat().st_mtime for p in inputs):
         return built

@@ -167,7 +167,7 @@ def prepare(isolator: Isolator, device: str) -> str | None:
     """Build the csrc extensions once, in a child, before scenario children race to build
     them under their own time limits; why the device cannot run, or None."""
     why = unavailable(device)
-    if why or device != "cuda":
+    if why or device != "cuda" or _builds_fresh():
         return why
     job = Job("csrc", "build", PREPARE, ALL_FIXES, "cuda", BUILD_TIMEOUT_S)
     result = isolator.run(job)
@@ -176,6 +176,19 @@ def prepare(isolator: Isolator, device: str) -> str | None:
     if result.outcome != Outcome.PASS:
         return f"preparing cuda failed ({result.outcome.value}): {result.evidence}"
     return None
+
+
+def _builds_fresh() -> bool:
+    """Every csrc build is fresh for the installed torch: no build child needed (a child still
+    loads them; a stale or missing one is built by the child above)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from kernels import csrc  # NOTE: torch-free at import; cache_dir needs the versions given
+
+    try:
+        return csrc.all_fresh(version("torch"), devices.torch_cuda_version())
+    except PackageNotFoundError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
