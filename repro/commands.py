@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--no-confirm", action="store_true", help="exit 1 on a first failure, without a rerun"
     )
+    check.add_argument("--json", metavar="FILE", help="write the verdict and results as JSON")
     from repro import bench, matrix, mutants, serve
 
     matrix.add_parser(sub)
@@ -322,10 +323,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         except Interrupted as e:
             results, why_not = e.results, "interrupted"
     if args.json:
-        from repro.matrix import result_json
+        from repro import results as documents
 
-        rows = [result_json(r, p.bug) for r in results]
-        print(json.dumps(rows if not why_not else {"outcome": "skipped", "why": why_not}, indent=2))
+        rows = [documents.result_json(r, p.bug) for r in results]
+        extra = {"verdict": {"exit": EXIT_CANNOT_TEST, "text": why_not}} if why_not else {}
+        print(json.dumps(documents.document(rows, **extra), indent=2))
     for r in [] if args.json else results:
         expected = p.bug.scenario(r.job.scenario).expected(p.fixes, p.device)
         mark = "as expected" if r.outcome == expected else f"UNEXPECTED, expected {expected.value}"
@@ -370,6 +372,10 @@ class Finding:
 
 def cmd_check(args: argparse.Namespace) -> int:
     p = plan(args)
+    if args.json:
+        from repro.matrix import writable
+
+        writable(args.json, "--json")
     with Isolator() as isolator:
         isolator.warm(p.device)
         why_not = _why_not(p, isolator, args.sanitizer)
@@ -393,6 +399,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     ]
     code = exit_code((f.first.outcome for f in findings), (f.counted for f in findings))
     print(f"{p.label}: {_verdict(code, findings)}")
+    if args.json:
+        from repro import results as documents
+
+        rows = [
+            {
+                **documents.result_json(f.first, p.bug),
+                "confirmation": f.again.outcome.value if f.again else None,
+            }
+            for f in findings
+        ]
+        verdict = {"exit": code, "text": f"{p.label}: {_verdict(code, findings)}"}
+        documents.write(args.json, documents.document(rows, verdict=verdict))
     for f in findings:
         print(f"  {f.first.job.scenario}: {f.describe()}")
         if f.first.outcome != Outcome.PASS and f.first.evidence:

@@ -8,21 +8,20 @@ interrupted (the summary and the files still cover what finished), 2 usage error
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness import device as devices
-from harness.fixes import ALL_FIXES, UsageError, Variant, describe, select_variant
+from harness.fixes import UsageError, Variant, describe, select_variant
 from harness.isolate import Interrupted, Isolator, Job, Result
 from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED, Outcome
 from harness.record import BugRecord
 from repro import registry
+from repro import results as documents
 from repro.commands import device_choice, prepare, print_table
 
 
@@ -124,9 +123,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     cells = [_cell(records[r.job], r) for r in results]
     print_summary(cells, time.monotonic() - start)
     if args.json:
-        Path(args.json).write_text(json.dumps([result_json(c.result) for c in cells], indent=2))
+        rows = [documents.result_json(c.result) for c in cells]
+        documents.write(args.json, documents.document(rows))
     if args.junit:
-        write_junit(args.junit, cells)
+        documents.write_junit(args.junit, cells)
     if code is not None:
         print("matrix: interrupted; unfinished runs are skipped (interrupted)", file=sys.stderr)
         return code
@@ -183,49 +183,3 @@ def print_summary(cells: list[Cell], seconds: float) -> None:
         j = c.result.job
         print(f"\nUNEXPECTED {j.bug} {c.variant} {j.device} {j.scenario} seed {j.seed}:")
         print("    " + c.result.evidence.replace("\n", "\n    "))
-
-
-def result_json(r: Result, bug: BugRecord | None = None) -> dict:
-    bug = bug or registry.get(r.job.bug)
-    return {
-        "bug": r.job.bug,
-        "scenario": r.job.scenario,
-        "variant": describe(r.job.fixes, bug.fix_parts),
-        "fixes_off": sorted(f.value for f in ALL_FIXES - r.job.fixes),
-        "device": r.job.device,
-        "outcome": r.outcome.value,
-        "expected": bug.scenario(r.job.scenario).expected(r.job.fixes, r.job.device).value,
-        "seed": r.job.seed,
-        "seconds": round(r.seconds, 3),
-        "scenario_seconds": None if r.scenario_seconds is None else round(r.scenario_seconds, 3),
-        "evidence": r.evidence,
-    }
-
-
-def junit_class(cell: Cell) -> str:
-    """bug.variant.device, with no spaces (JUnit tools split class names on dots)."""
-    variant = cell.variant.replace(" ", "-").replace(".", "_")
-    return f"{cell.result.job.bug}.{variant}.{cell.result.job.device}"
-
-
-def write_junit(path: str, cells: list[Cell]) -> None:
-    suite = ET.Element(
-        "testsuite",
-        name="repro-matrix",
-        tests=str(len(cells)),
-        failures=str(sum(not c.ok for c in cells)),
-    )
-    for c in cells:
-        case = ET.SubElement(
-            suite,
-            "testcase",
-            classname=junit_class(c),
-            name=c.result.job.scenario,
-            time=f"{c.result.seconds:.3f}",
-        )
-        if c.result.outcome == Outcome.SKIPPED and c.expected != Outcome.SKIPPED:
-            ET.SubElement(case, "skipped", message=c.result.evidence)
-        elif not c.ok:
-            message = f"{c.result.outcome.value}, expected {c.expected.value}"
-            ET.SubElement(case, "failure", message=message).text = c.result.evidence
-    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)

@@ -8,16 +8,14 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+import jsonschema
 import pytest
 
 from harness import device as devices
-from harness.fixes import ALL_FIXES
-from harness.isolate import Job, Result
-from harness.outcome import Outcome
 from repro import registry
 from repro.commands import dispatch
-from repro.matrix import Cell, junit_class
 from repro.registry import BUGS
+from repro.results import SCHEMA_FILE, junit_class
 from tests import procs
 
 
@@ -178,7 +176,9 @@ def test_run_json(capsys, device) -> None:
         "oob_lora_id",
     )
     assert code == 1
-    [row] = json.loads(out)
+    doc = json.loads(out)
+    validate(doc)
+    [row] = doc["results"]
     assert row["outcome"] == row["expected"] == "wrong_result"
     assert row["fixes_off"] == ["moe_align_oob_guard"]
     assert "canary overwritten in rows [5]" in row["evidence"]
@@ -199,13 +199,20 @@ def test_matrix_writes_json_and_junit(capsys, device, tmp_path) -> None:
         str(xpath),
     )
     assert code == 0, out
-    rows = json.loads(jpath.read_text())
+    doc = json.loads(jpath.read_text())
+    validate(doc)
+    rows = doc["results"]
     assert {(r["variant"], r["device"]) for r in rows} == {("fixed", device), ("buggy", device)}
     assert all(r["outcome"] == r["expected"] for r in rows)
+    assert doc["provenance"]["interpreter"] == (device == "cpu")
+    assert doc["provenance"]["packages"]["torch"] and doc["provenance"]["project"]["root"]
     runs = 2 * len(registry.get("moe_align_grid").scenarios)
     assert f"{runs}/{runs} runs as expected" in out
     suite = ET.parse(xpath).getroot()
     assert suite.get("tests") == str(runs) and suite.get("failures") == "0"
+    for case in suite.iter("testcase"):  # evidence for every cell, failing or not
+        assert " " not in case.get("classname")
+        assert case.find("system-out").text.startswith(("pass", "wrong_result", "illegal"))
 
 
 @pytest.mark.parametrize("module", ["repro", "repro.cli"])
@@ -234,18 +241,34 @@ def test_sanitizer_run(capsys, variant, code, outcome) -> None:
         "consumer_poisoned",
         "--json",
     )
-    [row] = json.loads(out)
+    [row] = json.loads(out)["results"]
     assert (got, row["outcome"]) == (code, outcome), row["evidence"]
 
 
 def test_junit_class_names_have_no_spaces() -> None:
-    job = Job("moe_align_grid", "oob_lora_id", "x:y", ALL_FIXES, "cpu", 1.0)
-    cell = Cell(
-        Result(job, Outcome.WRONG_RESULT, "", 0.0),
-        "without moe_align_oob_guard",
-        Outcome.WRONG_RESULT,
-    )
-    assert junit_class(cell) == "moe_align_grid.without-moe_align_oob_guard.cpu"
+    name = junit_class("moe_align_grid", "without moe_align_oob_guard,a.b", "cpu")
+    assert name == "moe_align_grid.without-moe_align_oob_guard,a_b.cpu"
+
+
+def test_check_writes_its_verdict_with_the_confirmations(tmp_path, device) -> None:
+    path = tmp_path / "check.json"
+    argv = ("check", "moe_align_grid", "--variant", "buggy", "--scenario", "last_slot_rows")
+    done = entry_point(*argv, "--device", device, "--json", str(path))
+    assert done.returncode == 1, done.stdout
+    doc = json.loads(path.read_text())
+    validate(doc)
+    assert doc["verdict"]["exit"] == 1 and "PRESENT" in doc["verdict"]["text"]
+    [row] = doc["results"]
+    assert row["outcome"] == row["confirmation"] == "wrong_result"
+
+
+def validate(doc: dict) -> None:
+    """Against the versioned schema; and the schema rejects what it should."""
+    schema = json.loads(SCHEMA_FILE.read_text())
+    jsonschema.validate(doc, schema)
+    broken = {**doc, "results": [{**doc["results"][0], "outcome": "fine"}]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
 
 
 def test_matrix_honours_repro_device(tmp_path, device) -> None:
@@ -253,7 +276,7 @@ def test_matrix_honours_repro_device(tmp_path, device) -> None:
     env = {"REPRO_DEVICE": device}
     done = entry_point("matrix", "--bug", "lora_dummy_run", "--json", str(out), env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert {row["device"] for row in json.loads(out.read_text())} == {device}
+    assert {row["device"] for row in json.loads(out.read_text())["results"]} == {device}
     if not devices.cuda_available():
         done = entry_point("matrix", "--bug", "lora_dummy_run", env={"REPRO_DEVICE": "cuda"})
         assert done.returncode == 125

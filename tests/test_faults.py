@@ -76,7 +76,7 @@ def test_sigint_stops_the_matrix_keeps_what_finished_and_leaves_nothing(tmp_path
     stopped_s = time.monotonic() - sent
     assert proc.returncode == 130, out
     assert "runs as expected" in out, out
-    rows = json.loads((tmp_path / "m.json").read_text())
+    rows = json.loads((tmp_path / "m.json").read_text())["results"]
     assert len(rows) == 2 * 20 * DUMMY_SCENARIOS
     finished = [r for r in rows if not r["evidence"].startswith("interrupted")]
     assert finished and all(r["outcome"] == r["expected"] for r in finished)
