@@ -105,12 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-confirm", action="store_true", help="exit 1 on a first failure, without a rerun"
     )
     check.add_argument("--json", metavar="FILE", help="write the verdict and results as JSON")
-    from repro import bench, matrix, mutants, serve
+    from repro import bench, matrix, mutants, report, serve
 
     matrix.add_parser(sub)
     mutants.add_parser(sub)
     serve.add_parser(sub)
     bench.add_parser(sub)
+    report.add_parsers(sub)
     return parser
 
 
@@ -464,6 +465,18 @@ def _bench(args: argparse.Namespace) -> int:
     return bench.cmd_bench(args)
 
 
+def _report(args: argparse.Namespace) -> int:
+    from repro import report
+
+    return report.cmd_report(args)
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from repro import report
+
+    return report.cmd_diff(args)
+
+
 COMMANDS = {
     "list": cmd_list,
     "info": cmd_info,
@@ -473,4 +486,6 @@ COMMANDS = {
     "mutants": _mutants,
     "serve": _serve,
     "bench": _bench,
+    "report": _report,
+    "diff": _diff,
 }

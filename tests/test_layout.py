@@ -32,6 +32,8 @@ LIGHT = [
     "repro/mutants.py",
     "repro/serve.py",
     "repro/bench.py",
+    "repro/report.py",
+    "repro/results.py",
     "repro/registry.py",
     "harness/isolate.py",
     "harness/child.py",

@@ -1,0 +1,157 @@
+"""`repro report` and `repro diff`: results documents (repro-results/1) for people.
+
+    repro report FILE... [--markdown OUT] [--html OUT]
+    repro diff A.json B.json
+
+`report` prints a Markdown table (the job summary's, or the terminal's): one row per bug and
+scenario, one column per variant and device, each cell the outcome(s) with a mark where it is not
+the expected one; `--html` writes a self-contained page with the same grid in colour, each cell's
+evidence on hover and on click, timings, and the provenance of every file. `diff` lists the runs
+whose outcome changed between two documents (two commits, CPU vs GPU, two GPUs): exit 1 when any
+did, 0 when none, 2 usage error. Runs are matched by bug, scenario, variant and seed, and by
+device unless each file ran one device and they differ (CPU vs GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from harness.fixes import UsageError
+from repro.results import SCHEMA_ID
+
+OUTCOME_COLOURS = {"pass": "#cfe8cf", "skipped": "#e6e6e6"}  # failures: by expectation below
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("report", help="Markdown and HTML views of results documents")
+    r.add_argument("files", nargs="+", metavar="FILE", help="results JSON (repro-results/1)")
+    r.add_argument("--markdown", metavar="OUT", help="write the Markdown here (default: stdout)")
+    r.add_argument("--html", metavar="OUT", help="write a self-contained HTML page")
+    d = sub.add_parser("diff", help="the runs whose outcome changed between two results files")
+    d.add_argument("a", metavar="A.json")
+    d.add_argument("b", metavar="B.json")
+
+
+def load(path: str) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: not a results document: {e}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_ID:
+        raise UsageError(f"{path}: not a {SCHEMA_ID} document")
+    return doc
+
+
+def _grid(docs: list[dict]) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict]:
+    """(rows: bug, scenario; columns: variant, device; cells: (row, column) -> runs)."""
+    cells: dict[tuple, list[dict]] = defaultdict(list)
+    for doc in docs:
+        for run in doc["results"]:
+            key = ((run["bug"], run["scenario"]), (run["variant"], run["device"]))
+            cells[key].append(run)
+    rows = list(dict.fromkeys(k[0] for k in cells))
+    columns = sorted({k[1] for k in cells}, key=lambda c: (c[1], c[0] != "fixed", c[0]))
+    return rows, columns, cells
+
+
+def _cell_text(runs: list[dict]) -> str:
+    counts: dict[str, int] = defaultdict(int)
+    for run in runs:
+        counts[run["outcome"]] += 1
+    text = ", ".join(f"{o} x{n}" if len(runs) > 1 else o for o, n in counts.items())
+    unexpected = sum(run["outcome"] != run["expected"] for run in runs)
+    return text + (
+        f" (UNEXPECTED {unexpected}, expected {runs[0]['expected']})" if unexpected else ""
+    )
+
+
+def markdown(docs: list[dict]) -> str:
+    rows, columns, cells = _grid(docs)
+    head = ["bug", "scenario", *(f"{v} ({d})" for v, d in columns)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        values = [_cell_text(cells[row, c]) if (row, c) in cells else "" for c in columns]
+        lines.append("| " + " | ".join([*row, *values]) + " |")
+    runs = [run for doc in docs for run in doc["results"]]
+    ok = sum(run["outcome"] == run["expected"] for run in runs)
+    lines.append(f"\n{ok}/{len(runs)} runs as expected.")
+    return "\n".join(lines) + "\n"
+
+
+def _html_cell(runs: list[dict]) -> str:
+    unexpected = any(run["outcome"] != run["expected"] for run in runs)
+    outcome = runs[0]["outcome"]
+    colour = "#f4b6b6" if unexpected else OUTCOME_COLOURS.get(outcome, "#f3dfa8")
+    evidence = "\n\n".join(
+        f"seed {r['seed']}: {r['outcome']} in {r['seconds']}s\n{r['evidence']}" for r in runs
+    )
+    text = html.escape(_cell_text(runs))
+    return (
+        f'<td class="cell{" unexpected" if unexpected else ""}" style="background:{colour}" '
+        f'title="{html.escape(evidence)}"><details><summary>{text}</summary>'
+        f"<pre>{html.escape(evidence)}</pre></details></td>"
+    )
+
+
+def html_page(docs: list[dict]) -> str:
+    rows, columns, cells = _grid(docs)
+    head = "".join(f"<th>{html.escape(v)}<br>{html.escape(d)}</th>" for v, d in columns)
+    body = []
+    for row in rows:
+        tds = "".join(
+            _html_cell(cells[row, c]) if (row, c) in cells else "<td></td>" for c in columns
+        )
+        body.append(f"<tr><th>{html.escape(row[0])}</th><th>{html.escape(row[1])}</th>{tds}</tr>")
+    provenance = "".join(
+        f"<li><code>{html.escape(doc['command'])}</code> {html.escape(doc['created'])}: "
+        f"<code>{html.escape(json.dumps(doc['provenance']))}</code></li>"
+        for doc in docs
+    )
+    style = (
+        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #999;padding:4px 8px;vertical-align:top;font-size:13px}"
+        "pre{white-space:pre-wrap;max-width:60em;font-size:11px}summary{cursor:pointer}"
+    )
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>repro results</title>"
+        f"<style>{style}</style></head><body><h1>repro results</h1>"
+        f'<table id="grid"><tr><th>bug</th><th>scenario</th>{head}</tr>{"".join(body)}</table>'
+        f"<h2>Provenance</h2><ul>{provenance}</ul></body></html>\n"
+    )
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    docs = [load(path) for path in args.files]
+    text = markdown(docs)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    else:
+        print(text, end="")
+    if args.html:
+        Path(args.html).write_text(html_page(docs))
+    return 0
+
+
+def _keyed(doc: dict, with_device: bool) -> dict[tuple, str]:
+    key = lambda r: (
+        (r["bug"], r["scenario"], r["variant"], r["seed"]) + ((r["device"],) if with_device else ())
+    )
+    return {key(r): r["outcome"] for r in doc["results"]}
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    a, b = load(args.a), load(args.b)
+    devices_a = {r["device"] for r in a["results"]}
+    devices_b = {r["device"] for r in b["results"]}
+    with_device = not (len(devices_a) == len(devices_b) == 1 and devices_a != devices_b)
+    before, after = _keyed(a, with_device), _keyed(b, with_device)
+    changed = [(k, before.get(k, "-"), after.get(k, "-")) for k in {*before, *after}]
+    changed = sorted(c for c in changed if c[1] != c[2])
+    for key, old, new in changed:
+        print(f"{' '.join(str(part) for part in key)}: {old} -> {new}")
+    print(f"{len(changed)} run(s) changed between {args.a} and {args.b}")
+    return 1 if changed else 0
