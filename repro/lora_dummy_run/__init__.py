@@ -42,8 +42,9 @@ RECORD = BugRecord(
     anchors=(
         (
             Fix.LORA_DUMMY_MAPPING,
-            "vllm/v1/worker/gpu/model_runner.py, execute_model's dummy-run branch (it replaced a "
-            "FIXME for LoRA warm-up): set_adapter_mapping with an all-zero LoRAMapping",
+            "vllm/v1/worker/gpu/model_runner.py, execute_model's dummy-run branch (where a "
+            "note had left LoRA warm-up to be fixed): set_adapter_mapping with an all-zero "
+            "LoRAMapping",
         ),
     ),
     history=(

@@ -17,6 +17,17 @@ from harness.record import BugRecord, Expect, Scenario
 
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 ASSERT = ByDevice.both(Outcome.DEVICE_ASSERT)
+WARM_UP_FIRST = "the warm-up dummy run hits lora_dummy_run (#43139) first"
+
+
+def _scenario(name: str, why_assert: str) -> Scenario:
+    """Without lora_dummy_mapping too: #43139's assert (`why_assert`); else a wrong result."""
+    rules = (
+        Expect(frozenset({Fix.LORA_DUMMY_MAPPING}), ASSERT, why=why_assert),
+        Expect(frozenset({Fix.LORA_CAPTURE_LAUNCH}), WRONG),
+    )
+    return Scenario(name, rules, timeout_s=240.0)
+
 
 RECORD = BugRecord(
     id="lora_graph_capture",
@@ -30,47 +41,22 @@ RECORD = BugRecord(
     trigger="CUDA-graph capture after the #43139 dummy mapping, then batches with LoRA",
     fix_parts=(Fix.LORA_CAPTURE_LAUNCH,),
     buggy_outcome=WRONG,
-    scenarios=(
-        *(
-            Scenario(
-                name,
-                (
-                    Expect(
-                        frozenset({Fix.LORA_DUMMY_MAPPING}),
-                        ASSERT,
-                        why="the warm-up dummy run hits lora_dummy_run (#43139) first",
-                    ),
-                    Expect(frozenset({Fix.LORA_CAPTURE_LAUNCH}), WRONG),
-                ),
-                timeout_s=240.0,
-            )
-            for name in ("full_graphs", "piecewise_graphs", "specialized_graphs")
-        ),
-        Scenario(
-            "capture_without_dummy_run",
+    scenarios=tuple(
+        _scenario(name, why)
+        for name, why in (
+            ("full_graphs", WARM_UP_FIRST),
+            ("piecewise_graphs", WARM_UP_FIRST),
+            ("specialized_graphs", WARM_UP_FIRST),
             (
-                Expect(
-                    frozenset({Fix.LORA_DUMMY_MAPPING}),
-                    ASSERT,
-                    why="nothing set the LoRA metadata before the capture's warm-up",
-                ),
-                Expect(frozenset({Fix.LORA_CAPTURE_LAUNCH}), WRONG),
+                "capture_without_dummy_run",
+                "nothing set the LoRA metadata before the capture's warm-up",
             ),
-            timeout_s=240.0,
-        ),
-        Scenario(
-            "capture_after_base_batch",
             (
-                Expect(
-                    frozenset({Fix.LORA_DUMMY_MAPPING}),
-                    ASSERT,
-                    why="the real batch wrote offsets for its 5 tokens only; the 16-token "
-                    "capture reads the poisoned rest",
-                ),
-                Expect(frozenset({Fix.LORA_CAPTURE_LAUNCH}), WRONG),
+                "capture_after_base_batch",
+                "the real batch wrote offsets for its 5 tokens only; the 16-token capture "
+                "reads the poisoned rest",
             ),
-            timeout_s=240.0,
-        ),
+        )
     ),
     package=__name__,
     anchors=(
