@@ -13,6 +13,7 @@ from hypothesis import settings
 
 from harness import device as devices
 from harness.isolate import ENV_SERVER
+from harness.outcome import ENV_ORACLE
 
 DEVICE_KEY = pytest.StashKey[str]()
 
@@ -30,6 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     # A developer's warm server (repro serve) must not serve the tests: they start their own.
     os.environ[ENV_SERVER] = "off"
+    os.environ.pop(ENV_ORACLE, None)  # oracles always raise in tests (repro detectors sets it)
     devices.pin_xdist_worker(os.environ.get("PYTEST_XDIST_WORKER"))
     device = devices.resolve(config.getoption("--device"))
     if device == "cuda" and not devices.cuda_available():

@@ -41,7 +41,7 @@ from harness import device as devices
 from harness import lifetime
 from harness.fixes import Variant
 from harness.forkserver import PROTOCOL, installed_versions
-from harness.outcome import ChildExit, Outcome, classify
+from harness.outcome import ENV_ORACLE, ChildExit, Outcome, classify
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("fork", "spawn")
@@ -51,6 +51,7 @@ FORK_ANSWER_S = 30.0  # a ready server answers a request with the child's pid
 DUMP_BEFORE_KILL_S = 1.0  # at its limit a child dumps its stacks (SIGUSR1), then is killed
 REAP_AFTER_KILL_S = 30.0  # a killed child stuck in the driver: give up on its exit status
 SANITIZER_SLOWDOWN = 10.0  # compute-sanitizer instruments every kernel: scale time limits
+SANITIZER_TOOLS = ("memcheck", "initcheck", "racecheck", "synccheck")
 # `python -c`: sys.path[0] would be the working directory; the tree is ROOT, passed as argv[1].
 _BOOT = "import sys; sys.path[:] = [sys.argv[1], *(p for p in sys.path if p)]; "
 SERVER_BOOT = _BOOT + "from harness.forkserver import serve; serve(sys.argv[2], int(sys.argv[3]))"
@@ -74,11 +75,17 @@ class Job:
     device: str
     timeout_s: float
     seed: int = 0
-    sanitizer: bool = False
+    sanitizer: str | None = None  # a compute-sanitizer tool (SANITIZER_TOOLS) to run it under
+    env: tuple[tuple[str, str], ...] = ()  # set in a freshly spawned child (detectors)
 
     @property
     def limit_s(self) -> float:
         return self.timeout_s * (SANITIZER_SLOWDOWN if self.sanitizer else 1.0)
+
+    @property
+    def fresh(self) -> bool:
+        """Needs its own interpreter: under a sanitizer, or with variables read at import."""
+        return bool(self.sanitizer or self.env)
 
     def request(self, directory: Path) -> dict:
         """What harness.child needs: the spec, where to report and log, the time limit."""
@@ -111,7 +118,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != ENV_ORACLE}  # per job only
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")  # many children at once; scenarios are tiny
     return env
@@ -394,7 +401,7 @@ class _Batch:
         directory = self.iso.directory / f"job-{next(self.iso.ids)}"
         directory.mkdir()
         run = _Run(index, job, directory, now, now + job.limit_s, gpu=self._pick_gpu(job))
-        if self.iso.mode == "spawn" or job.sanitizer:
+        if self.iso.mode == "spawn" or job.fresh:
             self._spawn(run)
             return
         if job.device in self.iso.broken:
@@ -427,8 +434,9 @@ class _Batch:
         request = run.job.request(run.directory)
         cmd = [sys.executable, "-c", CHILD_BOOT, str(self.iso.root), json.dumps(request)]
         if run.job.sanitizer:
-            cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99", *cmd]
-        parent, env = os.getpid(), dict(self.iso.env)
+            tool = run.job.sanitizer
+            cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "99", *cmd]
+        parent, env = os.getpid(), {**self.iso.env, **dict(run.job.env)}
         if run.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = run.gpu
         with open(request["log"], "wb") as log:
@@ -522,7 +530,7 @@ class _Batch:
         log, report = run.directory / "output.log", run.directory / "report.json"
         text = log.read_text(errors="replace") if log.exists() else ""
         code = None if run.timed_out else returncode
-        child = ChildExit(code, run.timed_out, _read_report(report), text, run.job.sanitizer)
+        child = ChildExit(code, run.timed_out, _read_report(report), text, bool(run.job.sanitizer))
         verdict = classify(child)
         scenario_s = (child.report or {}).get("timings", {}).get("scenario_s")
         self._record(run, Result(run.job, verdict.outcome, verdict.evidence, 0.0, scenario_s))

@@ -9,12 +9,14 @@ dense reference: harness.reference.)
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from harness.outcome import WrongResult
+from harness.outcome import ENV_ORACLE, WrongResult
 
 if TYPE_CHECKING:  # a scenario that never builds the runner must not import it (nor attention)
     from harness.runner.model_runner import ModelOutput
@@ -73,9 +75,12 @@ def step_problems(
 
 
 def expect_all(problems: list[str | None]) -> None:
-    """Raise WrongResult with every non-None problem line."""
+    """Raise WrongResult with every non-None problem line (with the oracle off: print them, and
+    let the scenario go on, so that only other detectors decide its outcome)."""
     found = [p for p in problems if p]
-    if found:
+    if found and os.environ.get(ENV_ORACLE) == "off":
+        print("oracle off, not raised:\n" + "\n".join(found), file=sys.stderr)
+    elif found:
         raise WrongResult("\n".join(found))
 
 

@@ -52,6 +52,11 @@ class WrongResult(AssertionError):
     """Raised by an oracle: the output diverged from the reference (message = evidence)."""
 
 
+# "off": oracles print divergences instead of raising them, so that only another detector can
+# fail the run (repro detectors). Set per job only: children never inherit it from the caller.
+ENV_ORACLE = "REPRO_ORACLE"
+
+
 class Skip(Exception):
     """Raised by a scenario that cannot run here (message = why)."""
 
@@ -86,7 +91,11 @@ _ILLEGAL_ADDRESS = re.compile(
     r"illegal memory access|CUDA_ERROR_ILLEGAL_ADDRESS|misaligned address|"
     r"unspecified launch failure|CUDA_ERROR_LAUNCH_FAILED"
 )
-_SANITIZER_ERRORS = re.compile(r"=+ ERROR SUMMARY: ([1-9]\d*) error")
+# memcheck, initcheck, synccheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: N
+# hazards displayed (E errors, W warnings)" (warnings alone are not errors)
+_SANITIZER_ERRORS = re.compile(
+    r"=+ (?:ERROR SUMMARY: ([1-9]\d*) error|RACECHECK SUMMARY: .*?\(([1-9]\d*) error)"
+)
 _HOST_FAULTS = {signal.SIGSEGV, signal.SIGBUS}
 
 
@@ -178,7 +187,8 @@ def classify(child: ChildExit) -> Classified:
     if errors:
         return Classified(
             Outcome.SANITIZER_ERROR,
-            f"compute-sanitizer: {errors.group(1)} errors\n{_tail(child.stderr, 12)}",
+            f"compute-sanitizer: {errors.group(1) or errors.group(2)} errors\n"
+            f"{_tail(child.stderr, 12)}",
         )
     clean_exit = child.returncode == 0
     if child.report is not None and (clean_exit or child.report.get("status") != "pass"):

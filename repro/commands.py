@@ -24,6 +24,7 @@ from harness.isolate import (
     ENV_SERVER,
     ENV_SERVER_DIR,
     MODES,
+    SANITIZER_TOOLS,
     Interrupted,
     Isolator,
     Job,
@@ -73,7 +74,15 @@ def _variant_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixes", metavar="none", help="'none': every fix part of every bug off")
     p.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
     p.add_argument("--scenario", action="append", default=[], help="only this scenario")
-    p.add_argument("--sanitizer", action="store_true", help="run children under compute-sanitizer")
+    p.add_argument(
+        "--sanitizer",
+        nargs="?",
+        const="memcheck",
+        choices=SANITIZER_TOOLS,
+        metavar="TOOL",
+        help=f"run children under compute-sanitizer's TOOL ({', '.join(SANITIZER_TOOLS)}; "
+        "default memcheck)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-confirm", action="store_true", help="exit 1 on a first failure, without a rerun"
     )
     check.add_argument("--json", metavar="FILE", help="write the verdict and results as JSON")
-    from repro import bench, matrix, mutants, report, serve
+    from repro import bench, detectors, matrix, mutants, report, serve
 
     matrix.add_parser(sub)
+    detectors.add_parser(sub)
     mutants.add_parser(sub)
     serve.add_parser(sub)
     bench.add_parser(sub)
@@ -128,7 +138,9 @@ def dispatch(argv: Sequence[str]) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("repro: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED if command in ("matrix", "mutants") else EXIT_CANNOT_TEST
+        return (
+            EXIT_INTERRUPTED if command in ("matrix", "mutants", "detectors") else EXIT_CANNOT_TEST
+        )
 
 
 def check_environment() -> None:
@@ -453,6 +465,12 @@ def _mutants(args: argparse.Namespace) -> int:
     return mutants.cmd_mutants(args)
 
 
+def _detectors(args: argparse.Namespace) -> int:
+    from repro import detectors
+
+    return detectors.cmd_detectors(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from repro import serve
 
@@ -484,6 +502,7 @@ COMMANDS = {
     "check": cmd_check,
     "matrix": _matrix,
     "mutants": _mutants,
+    "detectors": _detectors,
     "serve": _serve,
     "bench": _bench,
     "report": _report,

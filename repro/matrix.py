@@ -57,7 +57,7 @@ class Cell:
         return self.result.outcome == self.expected
 
 
-def _devices(requested: str | None) -> list[str]:
+def devices_wanted(requested: str | None) -> list[str]:
     requested = requested or os.environ.get(devices.ENV_DEVICE) or "all"
     if requested == "all":
         return ["cpu", "cuda"] if devices.cuda_available() else ["cpu"]
@@ -69,6 +69,19 @@ def _variants(bug: BugRecord, each_part: bool) -> list[Variant]:
     if each_part and len(bug.fix_parts) > 1:
         variants += [select_variant(bug.fix_parts, "fixed", [p.value]) for p in bug.fix_parts]
     return variants
+
+
+def prepare_devices(isolator: Isolator, wanted: list[str]) -> list[str]:
+    """The devices of `wanted` that can run (warmed, csrc built); why not on stderr."""
+    ready = []
+    for device in wanted:
+        isolator.warm(device)
+        why_not = prepare(isolator, device)
+        if why_not:
+            print(f"{device}: skipped: {why_not}", file=sys.stderr)
+        else:
+            ready.append(device)
+    return ready
 
 
 def writable(path: str, option: str) -> None:
@@ -95,7 +108,7 @@ def _check(args: argparse.Namespace) -> tuple[list[BugRecord], list[str]]:
     for option, path in (("--json", args.json), ("--junit", args.junit)):
         if path:
             writable(path, option)
-    return bugs, _devices(args.device)
+    return bugs, devices_wanted(args.device)
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
@@ -103,12 +116,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     start, code = time.monotonic(), None
     with Isolator() as isolator:
         plan: list[tuple[BugRecord, Job]] = []
-        for device in wanted:
-            isolator.warm(device)
-            why_not = prepare(isolator, device)
-            if why_not:
-                print(f"{device}: skipped: {why_not}", file=sys.stderr)
-                continue
+        for device in prepare_devices(isolator, wanted):
             for bug in bugs:
                 for fixes in _variants(bug, args.each_part):
                     plan += [(bug, job) for job in _jobs(bug, fixes, device, args.repeat)]

@@ -51,11 +51,21 @@ def _grid(docs: list[dict]) -> tuple[list[tuple[str, str]], list[tuple[str, str]
     cells: dict[tuple, list[dict]] = defaultdict(list)
     for doc in docs:
         for run in doc["results"]:
-            key = ((run["bug"], run["scenario"]), (run["variant"], run["device"]))
+            key = ((run["bug"], run["scenario"]), (run["variant"], _where(run)))
             cells[key].append(run)
     rows = list(dict.fromkeys(k[0] for k in cells))
     columns = sorted({k[1] for k in cells}, key=lambda c: (c[1], c[0] != "fixed", c[0]))
     return rows, columns, cells
+
+
+def _where(run: dict) -> str:
+    """The device, and the detector where the run was one of `repro detectors`'."""
+    return f"{run['device']} {run['detector']}" if "detector" in run else run["device"]
+
+
+def _unexpected(run: dict) -> bool:
+    """Only the scenario's own oracle has an expectation (other detectors are measured)."""
+    return run.get("detector", "oracle") == "oracle" and run["outcome"] != run["expected"]
 
 
 def _cell_text(runs: list[dict]) -> str:
@@ -63,7 +73,7 @@ def _cell_text(runs: list[dict]) -> str:
     for run in runs:
         counts[run["outcome"]] += 1
     text = ", ".join(f"{o} x{n}" if len(runs) > 1 else o for o, n in counts.items())
-    unexpected = sum(run["outcome"] != run["expected"] for run in runs)
+    unexpected = sum(_unexpected(run) for run in runs)
     return text + (
         f" (UNEXPECTED {unexpected}, expected {runs[0]['expected']})" if unexpected else ""
     )
@@ -77,13 +87,13 @@ def markdown(docs: list[dict]) -> str:
         values = [_cell_text(cells[row, c]) if (row, c) in cells else "" for c in columns]
         lines.append("| " + " | ".join([*row, *values]) + " |")
     runs = [run for doc in docs for run in doc["results"]]
-    ok = sum(run["outcome"] == run["expected"] for run in runs)
+    ok = sum(not _unexpected(run) for run in runs)
     lines.append(f"\n{ok}/{len(runs)} runs as expected.")
     return "\n".join(lines) + "\n"
 
 
 def _html_cell(runs: list[dict]) -> str:
-    unexpected = any(run["outcome"] != run["expected"] for run in runs)
+    unexpected = any(_unexpected(run) for run in runs)
     outcome = runs[0]["outcome"]
     colour = "#f4b6b6" if unexpected else OUTCOME_COLOURS.get(outcome, "#f3dfa8")
     evidence = "\n\n".join(
@@ -138,7 +148,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _keyed(doc: dict, with_device: bool) -> dict[tuple, str]:
     key = lambda r: (
-        (r["bug"], r["scenario"], r["variant"], r["seed"]) + ((r["device"],) if with_device else ())
+        (r["bug"], r["scenario"], r["variant"], r["seed"], r.get("detector", ""))
+        + ((r["device"],) if with_device else ())
     )
     return {key(r): r["outcome"] for r in doc["results"]}
 
@@ -152,6 +163,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     changed = [(k, before.get(k, "-"), after.get(k, "-")) for k in {*before, *after}]
     changed = sorted(c for c in changed if c[1] != c[2])
     for key, old, new in changed:
-        print(f"{' '.join(str(part) for part in key)}: {old} -> {new}")
+        shown = " ".join(str(part) for part in key if part != "")
+        print(f"{shown}: {old} -> {new}")
     print(f"{len(changed)} run(s) changed between {args.a} and {args.b}")
     return 1 if changed else 0

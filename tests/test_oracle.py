@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.isolate import _child_env
 from harness.oracle import Guarded, expect_all, mismatch
-from harness.outcome import WrongResult
+from harness.outcome import ENV_ORACLE, WrongResult
 from harness.runner.poison import poisoned_allocations
 
 
@@ -37,6 +38,20 @@ def test_expect_all_raises_every_problem() -> None:
     expect_all([None, None])
     with pytest.raises(WrongResult, match="a\nb"):
         expect_all(["a", None, "b"])
+
+
+def test_with_the_oracle_off_problems_are_printed_not_raised(monkeypatch, capsys) -> None:
+    monkeypatch.setenv(ENV_ORACLE, "off")
+    expect_all(["a", None, "b"])
+    assert capsys.readouterr().err == "oracle off, not raised:\na\nb\n"
+    monkeypatch.setenv(ENV_ORACLE, "on")
+    with pytest.raises(WrongResult):
+        expect_all(["a"])
+
+
+def test_children_never_inherit_the_oracle_switch(monkeypatch) -> None:
+    monkeypatch.setenv(ENV_ORACLE, "off")
+    assert ENV_ORACLE not in _child_env()
 
 
 def test_guarded_buffer_reports_trampled_rows() -> None:

@@ -116,6 +116,24 @@ def exited(code: int | None, report: dict | None = None, stderr: str = "", **kw)
             exited(0, {"status": "pass"}, "========= ERROR SUMMARY: 0 errors", sanitizer=True),
             Outcome.PASS,
         ),
+        (
+            exited(
+                99,
+                {"status": "pass"},
+                "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)",
+                sanitizer=True,
+            ),
+            Outcome.SANITIZER_ERROR,
+        ),
+        (
+            exited(
+                0,
+                {"status": "pass"},
+                "========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warnings)",
+                sanitizer=True,
+            ),
+            Outcome.PASS,
+        ),
     ],
 )
 def test_classify(child: ChildExit, outcome: Outcome) -> None:

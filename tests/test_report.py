@@ -62,6 +62,24 @@ def test_markdown_has_a_row_per_scenario_and_marks_the_unexpected() -> None:
     assert "3/4 runs as expected." in text
 
 
+def test_detector_runs_get_their_own_columns_and_only_the_oracle_an_expectation(
+    tmp_path, capsys
+) -> None:
+    buggy = run("lora_graph_capture", "full_graphs", "buggy", "cpu", "", "wrong_result")
+    runs = [
+        dict(buggy, outcome="wrong_result", detector="oracle"),
+        dict(buggy, outcome="pass", detector="none"),
+    ]
+    text = report.markdown([document(runs)])
+    assert "| bug | scenario | buggy (cpu none) | buggy (cpu oracle) |" in text
+    assert "| lora_graph_capture | full_graphs | pass | wrong_result |" in text
+    assert "2/2 runs as expected." in text
+    a = write(tmp_path, "a.json", runs)
+    b = write(tmp_path, "b.json", [runs[0], dict(runs[1], outcome="crash")])
+    assert dispatch(["diff", a, b]) == 1
+    assert "full_graphs buggy 0 none cpu: pass -> crash" in capsys.readouterr().out
+
+
 class _Cells(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
