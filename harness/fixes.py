@@ -24,6 +24,9 @@ class Fix(enum.Enum):
     LORA_DUMMY_MAPPING = "lora_dummy_mapping"
     # vLLM #43314 (lora_graph_capture)
     LORA_CAPTURE_LAUNCH = "lora_capture_launch"
+    # vLLM #32277 (moe_lora_consumer_grid)
+    MOE_LORA_GRID_PLUS_ONE = "moe_lora_grid_plus_one"
+    MOE_LORA_ID_GUARD = "moe_lora_id_guard"
 
 
 Variant = frozenset[Fix]

@@ -1,4 +1,5 @@
-"""The bug registry: one literal tuple of records, in upstream fix order."""
+"""The bug registry: one literal tuple of records: the five documented bugs in upstream fix
+order, then their relatives (upstream follow-ups and twins)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from repro import (
     lora_dummy_run,
     lora_graph_capture,
     moe_align_grid,
+    moe_lora_consumer_grid,
 )
 
 BUGS: tuple[BugRecord, ...] = (
@@ -18,6 +20,7 @@ BUGS: tuple[BugRecord, ...] = (
     moe_align_grid.RECORD,
     lora_dummy_run.RECORD,
     lora_graph_capture.RECORD,
+    moe_lora_consumer_grid.RECORD,
 )
 
 

@@ -1,25 +1,28 @@
-"""The fused MoE-LoRA shrink consumer against the dense reference, fed by reference align."""
+"""The fused MoE-LoRA shrink and expand consumers against the dense reference, fed by
+reference align."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.fused_moe_lora import fused_moe_lora_shrink, fused_moe_lora_shrink_reference
+from kernels.fused_moe_lora import (
+    fused_moe_lora_expand,
+    fused_moe_lora_expand_reference,
+    fused_moe_lora_shrink,
+    fused_moe_lora_shrink_reference,
+)
 from kernels.moe_lora_align import align_sizes, moe_lora_align_reference
 
-pytestmark = pytest.mark.moe_align_grid  # the kernels vLLM #40131 lives in
+# the kernels vLLM #40131 feeds and #32277 launches
+pytestmark = [pytest.mark.moe_align_grid, pytest.mark.moe_lora_consumer_grid]
+CASES = [(7, 2, 8, 16, 200, []), (29, 3, 5, 32, 131, [1]), (3, 1, 4, 16, 64, [0])]
 
 
 @pytest.mark.parametrize(
-    ("num_tokens", "top_k", "num_experts", "rank", "hidden", "disabled"),
-    [
-        (7, 2, 8, 16, 200, []),
-        (29, 3, 5, 32, 131, [1]),
-        (3, 1, 4, 16, 64, [0]),
-    ],
+    ("num_tokens", "top_k", "num_experts", "rank", "hidden", "disabled"), CASES
 )
-def test_shrink_matches_dense_reference(
+def test_shrink_and_expand_match_dense_reference(
     device, num_tokens, top_k, num_experts, rank, hidden, disabled
 ) -> None:
     max_loras, block_size = 2, 16
@@ -60,7 +63,26 @@ def test_shrink_matches_dense_reference(
         top_k=top_k,
         block_size=block_size,
     )
-    differ = out.cpu().double() != expected
+    _same("shrink", out, expected)
+    lora_b = torch.randint(-2, 3, (max_loras, num_experts, hidden, rank), generator=gen).float()
+    wide = torch.full((num_tokens * top_k, hidden), -5.0)
+    expected = fused_moe_lora_expand_reference(expected, lora_b, topk, mapping, enabled, wide, 0.5)
+    wide = wide.to(device)
+    fused_moe_lora_expand(
+        out,
+        lora_b.to(device),
+        *(t.to(device) for t in aligned),
+        lora_ids.to(device),
+        enabled.to(device),
+        wide,
+        scale=0.5,
+        block_size=block_size,
+    )
+    _same("expand", wide, expected)
+
+
+def _same(what: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    differ = actual.cpu().double() != expected
     assert not differ.any(), (
-        f"{int(differ.sum())} entries differ, first at {differ.nonzero()[0].tolist()}"
+        f"{what}: {int(differ.sum())} entries differ, first at {differ.nonzero()[0].tolist()}"
     )

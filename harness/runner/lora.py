@@ -12,19 +12,20 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.runner.poison import poisoned_allocations
-from kernels.fused_moe_lora import fused_moe_lora_shrink
+from kernels.fused_moe_lora import ConsumerFixes, fused_moe_lora_expand, fused_moe_lora_shrink
 from kernels.lora_ops import KernelMeta, Launch, lora_expand, lora_shrink
 from kernels.moe_lora_align import AlignFixes, align_sizes, moe_lora_align_block_size
 
 
 @dataclass(frozen=True, slots=True)
 class MoEConfig:
-    """How the expert LoRA aligns: CUDA C++ on the GPU, its Triton twin on the CPU; the
-    #40131 fix parts as kernel switches."""
+    """How the expert LoRA aligns: CUDA C++ on the GPU, its Triton twin on the CPU; the fix
+    parts of #40131 (align) and #32277 (its consumers) as kernel switches."""
 
     backend: str = "triton"
     fixes: AlignFixes = field(default_factory=AlignFixes)
     block_size: int = 16
+    consumer: ConsumerFixes = field(default_factory=ConsumerFixes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +169,10 @@ class PunicaWrapper:
         self, y, x, topk_ids, lora_a, lora_b, scale, adapter_enabled, moe: MoEConfig, launch
     ) -> None:
         """y[t] += scale * (x[t] @ A[lora, e].T) @ B[lora, e].T over t's experts e: align the
-        (token, expert) pairs per LoRA slot of active_lora_ids, the fused shrink that trusts
-        the align outputs, then an expand. lora_a [L, E, rank, hidden], lora_b [L, E, hidden,
-        rank]; the align outputs are allocated empty (poisoned), as upstream's."""
+        (token, expert) pairs per LoRA slot of active_lora_ids, then the fused shrink and
+        expand that trust the align outputs (per pair), then the sum over each token's pairs.
+        lora_a [L, E, rank, hidden], lora_b [L, E, hidden, rank]; the align outputs are
+        allocated empty (poisoned), as upstream's."""
         meta = self.token_mapping_meta
         if bool(meta.no_lora_flag_cpu[0]):  # NOTE: host decision; frozen into a captured graph
             return
@@ -198,16 +200,13 @@ class PunicaWrapper:
         )
         shrunk = torch.zeros(n * top_k, rank, device=x.device)
         align_outputs = (sorted_ids, expert_ids, post_pad, lora_ids, adapter_enabled)
+        consumer = dict(block_size=moe.block_size, fixes=moe.consumer)
+        launch(fused_moe_lora_shrink, x, lora_a, *align_outputs, shrunk, top_k=top_k, **consumer)
+        expanded = torch.zeros(n * top_k, y.shape[1], device=x.device)
         launch(
-            fused_moe_lora_shrink,
-            x,
-            lora_a,
-            *align_outputs,
-            shrunk,
-            top_k=top_k,
-            block_size=moe.block_size,
+            fused_moe_lora_expand, shrunk, lora_b, *align_outputs, expanded, scale=scale, **consumer
         )
-        launch(_moe_lora_expand, shrunk, lora_b, topk_ids, slots, scale, y)
+        launch(_add_pairs, expanded, y)
 
     def _shrink_expand(self, mapping_meta, y, x, lora_a, lora_b, scale, buffer, launch) -> None:
         meta = mapping_meta.kernel_meta()
@@ -215,15 +214,9 @@ class PunicaWrapper:
         lora_expand(buffer, lora_b, y, meta, launch, self.specialize)
 
 
-def _moe_lora_expand(shrunk, lora_b, topk_ids, slots, scale, y) -> None:
-    """y[t] += scale * sum over t's experts e of B[slot(t), e] @ shrunk[pair]; base pairs
-    (slot -1) add nothing."""
-    n, top_k = topk_ids.shape
-    pair_slots = slots.long().repeat_interleave(top_k)  # [n * top_k]
-    weights = lora_b[pair_slots.clamp(min=0), topk_ids.long().reshape(-1)]  # [pairs, H, rank]
-    delta = torch.einsum("phr,pr->ph", weights, shrunk) * scale
-    delta.masked_fill_((pair_slots < 0)[:, None], 0.0)  # NOTE: no boolean indexing: it syncs
-    y.add_(delta.view(n, top_k, -1).sum(1))
+def _add_pairs(expanded: torch.Tensor, y: torch.Tensor) -> None:
+    """y[t] += the sum of token t's pairs' rows (base-model pairs hold zeros)."""
+    y.add_(expanded.view(y.shape[0], -1, y.shape[1]).sum(1))
 
 
 class LoRAModelManager:

@@ -33,6 +33,7 @@ from harness.runner.lora import (
 )
 from harness.runner.model import ModelConfig, TinyLoRADecoder, rms_norm
 from harness.runner.sleep_mode import TaggedPools, make_pools
+from kernels.fused_moe_lora import ConsumerFixes
 from kernels.moe_lora_align import AlignFixes
 
 FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
@@ -42,6 +43,8 @@ ALIGN_PARTS = (
     Fix.MOE_ALIGN_OOB_GUARD,
     Fix.MOE_ALIGN_SORT_ADAPTER_CHECK,
 )
+# The switches of kernels/fused_moe_lora.ConsumerFixes, in order.
+CONSUMER_PARTS = (Fix.MOE_LORA_GRID_PLUS_ONE, Fix.MOE_LORA_ID_GUARD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,7 @@ class ModelRunner:
         self.model.moe = MoEConfig(
             "cuda" if self.device == "cuda" else "triton",
             AlignFixes(*(part in self.fixes for part in ALIGN_PARTS)),
+            consumer=ConsumerFixes(*(part in self.fixes for part in CONSUMER_PARTS)),
         )
         backend = FlashMLABackend(c.num_splits, c.max_model_len, self.device)
         self.model.decode_backend = backend if c.decode_backend == "flashmla" else None
