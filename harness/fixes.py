@@ -24,9 +24,13 @@ class Fix(enum.Enum):
     LORA_DUMMY_MAPPING = "lora_dummy_mapping"
     # vLLM #43314 (lora_graph_capture)
     LORA_CAPTURE_LAUNCH = "lora_capture_launch"
+    # vLLM #53197 (block_table_graph_wake; closed upstream unmerged)
+    BLOCK_TABLE_REFRESH_IN_PLACE = "block_table_refresh_in_place"
     # vLLM #32277 (moe_lora_consumer_grid)
     MOE_LORA_GRID_PLUS_ONE = "moe_lora_grid_plus_one"
     MOE_LORA_ID_GUARD = "moe_lora_id_guard"
+    # vLLM #44253 (spec_capture_state)
+    SPEC_SEPARATE_WARMUP_STATE = "spec_separate_warmup_state"
 
 
 Variant = frozenset[Fix]

@@ -4,9 +4,9 @@ A planner kernel reads the live seq_lens and splits the batch's total KV work (s
 into NUM_PARTS contiguous chunks; per part it writes
   tile_scheduler_metadata[p] = (begin_req, begin_pos, end_req, end_pos)   # end exclusive
 and per request num_splits[r] = the number of parts covering it. The split kernel computes,
-per (part, head), a partial output and log-sum-exp for every request it covers (lse = -inf
-elsewhere); the combine kernel merges the partials of each request. A plan is valid only for
-the lengths it was made from: nothing checks that (upstream's contract).
+per (part, head), a partial output and log-sum-exp for each request it covers; the combine
+kernel merges, per request, the partials of the parts the plan says cover it. A plan is valid
+only for the lengths it was made from: nothing checks that (upstream's contract).
 """
 
 from __future__ import annotations
@@ -107,11 +107,24 @@ def split_kv_attention(
     )
 
 
-def combine_splits(partial_out: torch.Tensor, partial_lse: torch.Tensor, out: torch.Tensor) -> None:
-    """out [num_reqs, heads, dim] = the log-sum-exp merge of every part's partial."""
+def combine_splits(
+    partial_out: torch.Tensor,
+    partial_lse: torch.Tensor,
+    tile_scheduler_metadata: torch.Tensor,  # [num_parts, 4] int32: which parts cover whom
+    out: torch.Tensor,
+) -> None:
+    """out [num_reqs, heads, dim] = the log-sum-exp merge of the partials of the parts the
+    plan gives each request."""
     num_parts, num_reqs, heads, dim = partial_out.shape
     _combine_kernel[(num_reqs, heads)](
-        partial_out, partial_lse, out, NUM_PARTS=num_parts, NUM_REQS=num_reqs, HEADS=heads, DIM=dim
+        partial_out,
+        partial_lse,
+        tile_scheduler_metadata,
+        out,
+        NUM_PARTS=num_parts,
+        NUM_REQS=num_reqs,
+        HEADS=heads,
+        DIM=dim,
     )
 
 
@@ -171,14 +184,17 @@ def _split_kv_kernel(
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    """One (part, head): a partial softmax over the part's positions of every request."""
+    """One (part, head): a partial softmax over the part's positions of each of its requests,
+    first..last (FlashMLA walks the plan's request range the same way); the other requests'
+    slots are left unwritten: the combine reads the plan to skip them."""
     part, h = tl.program_id(0), tl.program_id(1)
     first, first_pos = tl.load(meta_ptr + part * 4), tl.load(meta_ptr + part * 4 + 1)
     last, last_end = tl.load(meta_ptr + part * 4 + 2), tl.load(meta_ptr + part * 4 + 3)
     dims = tl.arange(0, DIM)
-    for r in range(NUM_REQS):
-        slot = (part * NUM_REQS + r) * HEADS + h
-        if (r >= first) & (r <= last):  # this part's request (skipped cheaply otherwise)
+    for i in range(NUM_REQS):  # at most every request
+        r = first.to(tl.int64) + i  # NOTE: a plan never computed sends r far out of bounds
+        if (first >= 0) & (r <= last):
+            slot = (part * NUM_REQS + r) * HEADS + h
             lo = tl.where(r == first, first_pos, 0)
             hi = tl.where(r == last, last_end, tl.load(seq_lens_ptr + r))
             q = tl.load(q_ptr + (r * HEADS + h) * DIM + dims)
@@ -200,17 +216,15 @@ def _split_kv_kernel(
             has_keys = denom > 0
             lse = tl.where(has_keys, m + tl.log(tl.where(has_keys, denom, 1.0)), float("-inf"))
             out = tl.where(has_keys, acc / tl.where(has_keys, denom, 1.0), 0.0)
-        else:  # no keys of this request in this part
-            lse = tl.full([], float("-inf"), tl.float32)
-            out = tl.zeros([DIM], tl.float32)
-        tl.store(out_ptr + slot * DIM + dims, out)
-        tl.store(lse_ptr + slot, lse)
+            tl.store(out_ptr + slot * DIM + dims, out)
+            tl.store(lse_ptr + slot, lse)
 
 
 @triton.jit
 def _combine_kernel(
     out_ptr_partial,
     lse_ptr,
+    meta_ptr,
     out_ptr,
     NUM_PARTS: tl.constexpr,
     NUM_REQS: tl.constexpr,
@@ -220,11 +234,15 @@ def _combine_kernel(
     r, h = tl.program_id(0), tl.program_id(1)
     dims = tl.arange(0, DIM)
     parts = tl.arange(0, NUM_PARTS)
-    lse = tl.load(lse_ptr + (parts * NUM_REQS + r) * HEADS + h)
+    first, last = tl.load(meta_ptr + parts * 4), tl.load(meta_ptr + parts * 4 + 2)
+    covers = (first >= 0) & (first <= r) & (r <= last)  # the parts the plan gave request r
+    lse = tl.load(lse_ptr + (parts * NUM_REQS + r) * HEADS + h, mask=covers, other=float("-inf"))
     m = tl.max(lse, axis=0)
     weights = tl.exp(lse - m)  # NaN when no part covered this request (a stale plan)
     partial = tl.load(
-        out_ptr_partial + ((parts * NUM_REQS + r) * HEADS + h)[:, None] * DIM + dims[None, :]
+        out_ptr_partial + ((parts * NUM_REQS + r) * HEADS + h)[:, None] * DIM + dims[None, :],
+        mask=covers[:, None],
+        other=0.0,
     )
     out = tl.sum(weights[:, None] * partial, axis=0) / tl.sum(weights, axis=0)
     tl.store(out_ptr + (r * HEADS + h) * DIM + dims, out)

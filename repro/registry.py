@@ -6,12 +6,14 @@ from __future__ import annotations
 from harness.fixes import UsageError
 from harness.record import BugRecord
 from repro import (
+    block_table_graph_wake,
     block_table_wake,
     lazy_attn_state,
     lora_dummy_run,
     lora_graph_capture,
     moe_align_grid,
     moe_lora_consumer_grid,
+    spec_capture_state,
 )
 
 BUGS: tuple[BugRecord, ...] = (
@@ -21,6 +23,8 @@ BUGS: tuple[BugRecord, ...] = (
     lora_dummy_run.RECORD,
     lora_graph_capture.RECORD,
     moe_lora_consumer_grid.RECORD,
+    block_table_graph_wake.RECORD,
+    spec_capture_state.RECORD,
 )
 
 

@@ -70,3 +70,25 @@ def test_layout_tensors_are_garbage_after_wake_until_rebuilt(device) -> None:
     tables.num_blocks.copy_(saved_counts)
     tables.init_block_table_layout_tensors()  # what post_kv_cache_wake_up does
     _check(tables, device)
+
+
+LAYOUT = ("block_table_ptrs", "input_block_table_ptrs", "block_table_strides", "block_sizes_tensor")
+
+
+@pytest.mark.block_table_graph_wake
+@pytest.mark.parametrize("in_place", [False, True])
+def test_layout_tensors_rebuilt_or_refreshed_in_place(device, in_place) -> None:
+    """Rebuilt: new tensors (what a captured graph no longer sees); in place: the same tensors,
+    whose values are the live ones again after wake."""
+    tables, pools = _tables(device)
+    before = {name: getattr(tables, name) for name in LAYOUT}
+    values = {name: t.clone() for name, t in before.items()}
+    pools.sleep()
+    pools.wake_up()
+    tables.init_block_table_layout_tensors(in_place=in_place)
+    for name, old in before.items():
+        now = getattr(tables, name)
+        assert (now is old) == in_place, name
+        assert torch.equal(now.cpu(), values[name].cpu()), name
+        if not in_place:  # the old tensor still holds what wake left: 0xFF bytes
+            assert (old.cpu().view(torch.uint8) == 0xFF).all(), name

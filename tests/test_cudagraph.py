@@ -67,6 +67,20 @@ def test_capture_records_instead_of_running_and_keeps_allocations(device) -> Non
     assert tmp.data_ptr() == ptr and tmp.tolist() == [8.0] * 4
 
 
+def test_what_capture_allocates_holds_poison_until_a_replay(device) -> None:
+    launch = Launcher()
+    inp = torch.full((4,), 3.0, device=device)
+    with capturing(launch, device, None) as graph:
+        ints = torch.empty(4, 4, dtype=torch.int32, device=device)
+        floats = torch.empty(4, device=device)
+        launch(ints.fill_, 7)
+        launch(torch.mul, inp, 2.0, out=floats)
+    assert (ints == 2**31 - 1).all().item(), "recorded, not run: int32 max"
+    assert floats.isnan().all().item(), "float32 NaN"
+    graph.replay()
+    assert (ints == 7).all().item() and floats.tolist() == [6.0] * 4
+
+
 def test_manager_warms_up_captures_and_dispatches(device) -> None:
     launch = Launcher()
     manager = CudaGraphManager(device, launch)

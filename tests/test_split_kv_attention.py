@@ -37,8 +37,9 @@ def _cache(device, lengths, seed=4):
 def _attend(device, q, k_cache, v_cache, table, seq_lens, meta):
     dev = lambda t: t.to(device)
     parts = meta.shape[0]
-    partial_out = torch.empty(parts, q.shape[0], HEADS, DIM, device=device)
-    partial_lse = torch.empty(parts, q.shape[0], HEADS, device=device)
+    # NaN sentinels: the combine must read only the slots the plan's parts wrote
+    partial_out = torch.full((parts, q.shape[0], HEADS, DIM), float("nan"), device=device)
+    partial_lse = torch.full((parts, q.shape[0], HEADS), float("nan"), device=device)
     out = torch.empty(q.shape[0], HEADS, DIM, device=device)
     split_kv_attention(
         dev(q),
@@ -52,7 +53,7 @@ def _attend(device, q, k_cache, v_cache, table, seq_lens, meta):
         DIM**-0.5,
         MAX_LEN,
     )
-    combine_splits(partial_out, partial_lse, out)
+    combine_splits(partial_out, partial_lse, meta, out)
     return out.cpu().double()
 
 

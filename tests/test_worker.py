@@ -16,15 +16,18 @@ def _worker(device, fixes=ALL_FIXES) -> Worker:
     return Worker(RunnerConfig(device, fixes, enable_lora=False, max_model_len=32))
 
 
-def test_layout_tensors_rebuilt_only_when_kv_cache_wakes(device) -> None:
-    worker = _worker(device)
+@pytest.mark.block_table_graph_wake
+@pytest.mark.parametrize("in_place", [True, False], ids=["refreshed", "rebuilt"])
+def test_layout_tensors_rewritten_only_when_kv_cache_wakes(device, in_place) -> None:
+    fixes = ALL_FIXES if in_place else ALL_FIXES - {Fix.BLOCK_TABLE_REFRESH_IN_PLACE}
+    worker = _worker(device, fixes)
     tables = worker.model_runner.kv_cache.block_tables
-    stale = tables.block_table_ptrs
+    old = tables.block_table_ptrs
     worker.sleep(1)
     worker.wake_up(["weights"])  # NOTE: kv_cache memory is unmapped now (GPU): do not read it
-    assert tables.block_table_ptrs is stale, "rebuilt before kv_cache woke"
+    assert tables.block_table_ptrs is old, "rebuilt before kv_cache woke"
     worker.wake_up(["kv_cache"])
-    assert tables.block_table_ptrs is not stale
+    assert (tables.block_table_ptrs is old) == in_place
     assert tables.block_table_ptrs.tolist() == [t.data_ptr() for t in tables.block_tables]
 
 

@@ -2,7 +2,10 @@
 
 NOTE: everything here lives in the kv_cache memory pool, the layout tensors included: after a
 sleep that discards kv_cache, wake maps new memory at the same addresses with undefined
-contents, so init_block_table_layout_tensors() must run again (vLLM #40648).
+contents, so init_block_table_layout_tensors() must run again (vLLM #40648). A graph that runs
+the gather or the slot mappings holds the layout tensors' addresses: refreshing them as new
+tensors leaves it reading the old ones (vLLM #53197's hazard); `in_place` refreshes them where
+they are.
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ from harness.runner.sleep_mode import TaggedPools
 from kernels.block_table import compute_slot_mappings, gather_block_tables
 
 TAG = "kv_cache"
+
+
+def run_now(fn, *args, **kwargs) -> None:
+    """Run device work at once (the default for a `launch` argument)."""
+    fn(*args, **kwargs)
 
 
 class BlockTables:
@@ -41,16 +49,21 @@ class BlockTables:
         self.slot_mappings = pools.zeros(TAG, (num_groups, max_num_tokens), torch.int64)
         self.init_block_table_layout_tensors()
 
-    def init_block_table_layout_tensors(self) -> None:
-        """(Re)build the pointer, stride and block-size tensors from the tables."""
+    def init_block_table_layout_tensors(self, in_place: bool = False) -> None:
+        """(Re)build the pointer, stride and block-size tensors from the tables: as new tensors,
+        or (`in_place`, once they exist) by writing the values into the ones there are."""
         ptrs = lambda tables: [t.data_ptr() for t in tables]
-        self.block_table_ptrs = self.pools.tensor(TAG, ptrs(self.block_tables), torch.int64)
-        self.input_block_table_ptrs = self.pools.tensor(
-            TAG, ptrs(self.input_block_tables), torch.int64
-        )
-        strides = [t.stride(0) for t in self.block_tables]
-        self.block_table_strides = self.pools.tensor(TAG, strides, torch.int64)
-        self.block_sizes_tensor = self.pools.tensor(TAG, self.block_sizes, torch.int32)
+        layout = {
+            "block_table_ptrs": (ptrs(self.block_tables), torch.int64),
+            "input_block_table_ptrs": (ptrs(self.input_block_tables), torch.int64),
+            "block_table_strides": ([t.stride(0) for t in self.block_tables], torch.int64),
+            "block_sizes_tensor": (self.block_sizes, torch.int32),
+        }
+        for name, (values, dtype) in layout.items():
+            if in_place and hasattr(self, name):
+                getattr(self, name).copy_(torch.tensor(values, dtype=dtype))
+            else:
+                setattr(self, name, self.pools.tensor(TAG, values, dtype))
 
     def set_row(self, req_index: int, block_ids: Sequence[Sequence[int]]) -> None:
         """The whole block list of request row `req_index`, one list per group."""
@@ -58,9 +71,10 @@ class BlockTables:
             self.block_tables[g][req_index, : len(ids)].copy_(torch.tensor(ids, dtype=torch.int32))
             self.num_blocks[g, req_index] = len(ids)
 
-    def gather_block_tables(self, idx_mapping: torch.Tensor) -> list[torch.Tensor]:
+    def gather_block_tables(self, idx_mapping: torch.Tensor, launch=run_now) -> list[torch.Tensor]:
         """Input block tables of the batch (rows idx_mapping of the request tables)."""
-        gather_block_tables(
+        launch(
+            gather_block_tables,
             idx_mapping,
             self.block_table_ptrs,
             self.input_block_table_ptrs,
@@ -71,10 +85,11 @@ class BlockTables:
         return [t[: idx_mapping.shape[0]] for t in self.input_block_tables]
 
     def compute_slot_mappings(
-        self, query_start_loc: torch.Tensor, positions: torch.Tensor
+        self, query_start_loc: torch.Tensor, positions: torch.Tensor, launch=run_now
     ) -> torch.Tensor:
         """[num_groups, num_tokens] KV slot of every token of the batch."""
-        compute_slot_mappings(
+        launch(
+            compute_slot_mappings,
             query_start_loc,
             positions,
             self.input_block_table_ptrs,

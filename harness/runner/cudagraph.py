@@ -5,7 +5,8 @@ Semantics both share (tests/test_cudagraph.py pins them on either device):
   decision (a flag's early return, a grid size) is frozen into the graph;
 - replay re-runs exactly the recorded device work on the same tensors, reading their current
   contents: persistent buffers must be refreshed in place;
-- tensors allocated during capture keep their storage for every replay.
+- tensors allocated during capture keep their storage for every replay, and hold poison (int32
+  max, float32 NaN) until a replay writes them: what capture records does not run.
 All device work goes through a `Launcher`; that is how the CPU emulation records it, and how
 either device reports which kernels a graph holds. PIECEWISE graphs leave out what is launched
 with `launcher.outside_graph(fn, ...)` (attention): that runs, host code included, at every
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.fixes import ALL_FIXES, Fix, Variant
+from harness.runner.poison import poisoned_allocations
 
 
 class CUDAGraphMode(enum.Enum):
@@ -81,6 +83,7 @@ class Graph:
 
     segments: list[torch.cuda.CUDAGraph | Work] = field(default_factory=list)
     launches: list[str] = field(default_factory=list)
+    primer: object = None  # keeps a poisoned pool of its own alive (GPU, no pool given)
 
     def replay(self) -> None:
         for segment in self.segments:
@@ -110,16 +113,49 @@ class _CudaPieces:
         self.begin()
 
 
+POISON_I32 = 2**31 - 1  # as float32 bits a NaN: the poison of poisoned_allocations on both
+
+
+@functools.cache
+def capture_stream() -> torch.cuda.Stream:
+    """The one side stream of every capture and of pool priming: the caching allocator hands a
+    freed block out again only on the stream it was allocated on."""
+    return torch.cuda.Stream()
+
+
+def poisoned_pool() -> tuple[object, torch.cuda.CUDAGraph]:
+    """A CUDA-graph memory pool whose free small blocks hold poison, and the graph that keeps
+    it alive: small tensors a capture allocates from it (up to 8 MiB of them) read as the
+    CPU's poison until a replay writes them, whatever the GPU held before."""
+    pool, primer, stream = torch.cuda.graph_pool_handle(), torch.cuda.CUDAGraph(), capture_stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        primer.capture_begin(pool=pool)
+        # NOTE: 1 MiB is the caching allocator's largest small block (2 MiB segments)
+        blocks = [
+            torch.full((2**18,), POISON_I32, dtype=torch.int32, device="cuda") for _ in range(8)
+        ]
+        primer.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    primer.replay()
+    torch.cuda.synchronize()
+    del blocks  # free in the pool, poisoned
+    return pool, primer
+
+
 @contextlib.contextmanager
 def capturing(
     launcher: Launcher, device: str, pool: object | None, piecewise: bool = False
 ) -> Iterator[Graph]:
-    """Capture everything launched inside into a new Graph."""
+    """Capture everything launched inside into a new Graph (into `pool`, a poisoned_pool's,
+    on the GPU; a poisoned pool of its own when None)."""
     graph = Graph()
     launcher.names = graph.launches
     try:
         if device == "cuda":
-            pieces, stream = _CudaPieces(graph, pool), torch.cuda.Stream()
+            if pool is None:
+                pool, graph.primer = poisoned_pool()
+            pieces, stream = _CudaPieces(graph, pool), capture_stream()
             torch.cuda.synchronize()
             with torch.cuda.stream(stream):
                 pieces.begin()
@@ -132,7 +168,8 @@ def capturing(
         else:
             launcher.recording = graph.segments
             launcher.split = graph.segments.append if piecewise else None
-            yield graph
+            with poisoned_allocations():
+                yield graph
     finally:
         launcher.recording = launcher.names = launcher.split = None
 
@@ -147,9 +184,11 @@ class CudaGraphManager:
     def __init__(self, device: str, launcher: Launcher, fixes: Variant = ALL_FIXES) -> None:
         self.device, self.fixes = device, fixes
         self.launcher = launcher
-        self.pool = torch.cuda.graph_pool_handle() if device == "cuda" else None
+        self.pool, self.primer = poisoned_pool() if device == "cuda" else (None, None)
         self.graphs: dict[BatchExecutionDescriptor, Graph] = {}
         self.outputs: dict[BatchExecutionDescriptor, object] = {}
+        # each descriptor's attention states: the one its warm-up ran on, the one captured
+        self.warmup_attn_states: dict[BatchExecutionDescriptor, AttnState] = {}
         self.captured_attn_states: dict[BatchExecutionDescriptor, AttnState] = {}
 
     def capture(
@@ -165,12 +204,14 @@ class CudaGraphManager:
         for desc in order:
             forward_fn, attn_state = create_forward_fn(desc)
             forward_fn(CUDAGraphMode.NONE)  # warm-up: allocations, lazy init, autotuning
+            warmup_state = attn_state
             if (
                 desc.cg_mode == CUDAGraphMode.FULL
                 and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes
             ):
                 # fix: fresh_attn_state_for_capture -- lazy attention init must run in the graph.
                 forward_fn, attn_state = create_forward_fn(desc, warmup=False)
+            self.warmup_attn_states[desc] = warmup_state
             self.captured_attn_states[desc] = attn_state
             piecewise = desc.cg_mode == CUDAGraphMode.PIECEWISE
             with capturing(self.launcher, self.device, self.pool, piecewise) as graph:

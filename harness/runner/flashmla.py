@@ -1,5 +1,5 @@
 """A FlashMLA-style split-KV decode backend whose schedule is planned lazily, and a speculator's
-draft attention that reuses the target's captured attention states.
+draft attention on the target's attention states.
 
 NOTE: a schedule state starts empty; the first forward that uses it allocates the plan and
 launches the planner (reading the live seq_lens), later forwards reuse the plan. Reuse is valid
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.fixes import Variant
+from harness.fixes import Fix, Variant
 from harness.runner.cudagraph import BatchExecutionDescriptor, CudaGraphManager, Launcher
 from kernels.split_kv_attention import combine_splits, plan_schedule, split_kv_attention
 
@@ -66,7 +66,7 @@ class FlashMLABackend:
             scale,
             self.max_model_len,
         )
-        launch(combine_splits, partial_out, partial_lse, out)
+        launch(combine_splits, partial_out, partial_lse, state.tile_scheduler_metadata, out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +82,10 @@ class DraftInputs:
 
 class DraftAttention:
     """A speculator's decode attention (query: the target's normalized sampled hidden state)
-    with graphs of its own that reuse the target's captured attention states (upstream: the
-    speculator's prefill graph manager). Its warm-up runs with a state of its own, planned
-    then; its capture with the target's, so that at replay it reads the plan the target's
-    graph has just made."""
+    with graphs of its own on the target's attention states (upstream: the speculator's prefill
+    graph manager builds none). It warms up on the target's warm-up state (planned eagerly) and
+    captures on the captured one, so that at replay it reads the plan the target's graph has
+    just made (vLLM #44253: the captured state's plan is not computed before that replay)."""
 
     def __init__(
         self,
@@ -95,7 +95,7 @@ class DraftAttention:
         fixes: Variant,
     ) -> None:
         self.backend, self.num_heads, self.normalize = backend, num_heads, normalize
-        self.launch = Launcher()
+        self.launch, self.fixes = Launcher(), fixes
         self.graphs = CudaGraphManager(backend.device, self.launch, fixes)
 
     def forward(self, state: FlashMLASchedMeta, x: DraftInputs) -> torch.Tensor:
@@ -110,11 +110,17 @@ class DraftAttention:
 
     def capture(
         self,
-        target_states: dict[BatchExecutionDescriptor, FlashMLASchedMeta],
+        target_states: dict[BatchExecutionDescriptor, tuple[FlashMLASchedMeta, FlashMLASchedMeta]],
         inputs: Callable[[BatchExecutionDescriptor], DraftInputs],
     ) -> None:
+        """`target_states`: each descriptor's (warm-up, captured) attention states."""
+
         def create_forward_fn(desc: BatchExecutionDescriptor, warmup: bool = True):
-            state = FlashMLASchedMeta() if warmup else target_states[desc]
+            warmup_state, captured_state = target_states[desc]
+            state = captured_state
+            if warmup and Fix.SPEC_SEPARATE_WARMUP_STATE in self.fixes:
+                # fix: spec_separate_warmup_state -- the captured state's plan is uncomputed.
+                state = warmup_state
             return (lambda mode: self.forward(state, inputs(desc))), state
 
         self.graphs.capture(list(target_states), create_forward_fn)

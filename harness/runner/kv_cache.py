@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from harness.runner.block_table import BlockTables
+from harness.runner.block_table import BlockTables, run_now
 from harness.runner.input_batch import InputBatch
 from harness.runner.sleep_mode import TaggedPools
 
@@ -90,18 +90,21 @@ class KVCache:
         size = self.block_sizes[group]
         return self.blocks[row][group][position // size] * size + position % size
 
-    def metadata(self, batch: InputBatch) -> AttentionMetadata:
-        """The batch's block tables and slot mappings, gathered through the layout tensors;
-        a dummy batch gets block 0 everywhere and no slot (nothing is written to the cache)."""
+    def metadata(self, batch: InputBatch, launch=None) -> AttentionMetadata:
+        """The batch's block tables and slot mappings, gathered through the layout tensors; a
+        dummy batch gets block 0 everywhere and no slot (nothing is written to the cache).
+        With `launch` (a graph that gathers at every replay) the kernels go through it, a dummy
+        batch's included: its buffers are the ones each replayed step refreshes."""
         tables = self.block_tables
         t, r = batch.num_tokens_after_padding, batch.num_reqs_after_padding
-        tables.slot_mappings[:, :t].fill_(-1)
-        if batch.is_dummy:
+        run = launch or run_now
+        run(torch.Tensor.fill_, tables.slot_mappings[:, :t], -1)
+        if batch.is_dummy and launch is None:
             gathered = [table[:r].zero_() for table in tables.input_block_tables]
         else:
-            gathered = tables.gather_block_tables(batch.idx_mapping)
+            gathered = tables.gather_block_tables(batch.idx_mapping, run)
             tables.compute_slot_mappings(
-                batch.query_start_loc[: batch.num_reqs + 1], batch.positions
+                batch.query_start_loc[: batch.num_reqs + 1], batch.positions, run
             )
         return AttentionMetadata(
             self.k_caches,

@@ -64,6 +64,9 @@ class RunnerConfig:
     num_kv_blocks: int = 64  # per group
     max_model_len: int = 32
     num_splits: int = 4  # split-KV work partitions
+    # the block-table gather and slot mappings run in the forward, so graphs hold them (and the
+    # layout tensors' addresses), as upstream's fused draft decode graph does (vLLM #46849)
+    tables_in_graph: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +171,8 @@ class ModelRunner:
         )
         for row, q in enumerate(requests):
             self.kv_cache.ensure_blocks(row, q.num_computed_tokens + len(q.token_ids))
-        attn = self.kv_cache.metadata(batch)
+        if desc is None or not self.config.tables_in_graph:  # else the graph gathers
+            attn = self.kv_cache.metadata(batch)
         if self.config.enable_lora:
             mapping = LoRAMapping(batch.token_lora_ids, batch.req_lora_ids, is_prefill=True)
             self.lora_manager._adapter_manager.set_adapter_mapping(mapping)
@@ -267,8 +271,8 @@ class ModelRunner:
 
     def capture_model(self) -> None:
         """Per LoRA capture case: its LoRA state, then every descriptor captured on it; then
-        the draft attention's graphs, on the captured attention states (upstream hands
-        captured_attn_states to the speculator)."""
+        the draft attention's graphs, on the target's attention states (upstream hands
+        them to the speculator)."""
         descs = self._capture_descriptors()
         for case in self._lora_cases():
             self._capture_lora_state(case)
@@ -276,8 +280,12 @@ class ModelRunner:
             self.cudagraph_manager.capture(mine, self._create_forward_fn)
         if self.draft is None or self.model.decode_backend is None:
             return
-        states = self.cudagraph_manager.captured_attn_states
-        decode = {d: s for d, s in states.items() if d.cg_mode == FULL and d.uniform_decode}
+        graphs = self.cudagraph_manager
+        decode = {
+            d: (graphs.warmup_attn_states[d], state)
+            for d, state in graphs.captured_attn_states.items()
+            if d.cg_mode == FULL and d.uniform_decode
+        }
         self.draft.capture(decode, self._captured_draft_inputs)
 
     def _captured_draft_inputs(self, desc: BatchExecutionDescriptor) -> DraftInputs:
@@ -285,14 +293,19 @@ class ModelRunner:
         return self._draft_inputs(hidden, self.capture_attn[desc])
 
     def _create_forward_fn(self, desc: BatchExecutionDescriptor, warmup: bool = True):
-        """A forward on dummy inputs of `desc`'s size, with a fresh attention state."""
+        """A forward on dummy inputs of `desc`'s size, with a fresh attention state (and, with
+        tables_in_graph, the gather of the step's tables first)."""
         batch = self.input_buffers.dummy(desc.num_tokens, desc.num_reqs)
         attn = self.kv_cache.metadata(batch)
         attn.uniform_decode, attn.sched = desc.uniform_decode, FlashMLASchedMeta()
         self.capture_attn[desc] = attn
-        return (
-            lambda mode: self.model.forward(batch, attn, self.wrappers, self.launch)
-        ), attn.sched
+
+        def forward(mode: CUDAGraphMode):
+            if self.config.tables_in_graph:
+                self.kv_cache.metadata(batch, self.launch)
+            return self.model.forward(batch, attn, self.wrappers, self.launch)
+
+        return forward, attn.sched
 
     # -- generation and sleep mode ------------------------------------------------------------
 
@@ -319,7 +332,10 @@ class ModelRunner:
         """Called by the worker after the kv_cache pool woke up."""
         if Fix.BLOCK_TABLE_REINIT_ON_WAKE in self.fixes:
             # fix: block_table_reinit_on_wake -- the layout tensors woke up with garbage.
-            self.kv_cache.block_tables.init_block_table_layout_tensors()
+            self.kv_cache.block_tables.init_block_table_layout_tensors(
+                # fix: block_table_refresh_in_place -- graphs hold the old tensors' addresses.
+                in_place=Fix.BLOCK_TABLE_REFRESH_IN_PLACE in self.fixes
+            )
 
     def reload_weights(self) -> None:
         self.model.reload_weights()

@@ -48,6 +48,7 @@ RECORD = BugRecord(
     history=(
         "Review noted that rebuilding (not copying in place) gives the layout tensors new "
         "addresses, which CUDA graphs captured before the sleep would not see; follow-ups "
-        "#53197 and #53508 refresh them in place (or keep them out of the kv_cache pool)."
+        "#53197 (registered as block_table_graph_wake) and #53508 refresh them in place (or "
+        "keep them out of the kv_cache pool)."
     ),
 )

@@ -15,9 +15,10 @@ WAKE_CALL = """        if tags is None or "kv_cache" in tags:
 
 
 def _rebuilt_once(attr: str) -> tuple[str, str]:
-    """(old, new): `attr` is built at construction and never rebuilt at wake."""
-    old = f"        self.{attr} = self.pools.tensor("
-    return old, f"        if not hasattr(self, {attr!r}):\n    " + old
+    """(old, new): `attr` is built at construction and never rewritten at wake."""
+    old = "        for name, (values, dtype) in layout.items():\n"
+    skip = f"            if name == {attr!r} and hasattr(self, name):\n                continue\n"
+    return old, old + skip
 
 
 MUTANTS = (

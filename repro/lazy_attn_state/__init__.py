@@ -64,7 +64,7 @@ RECORD = BugRecord(
         "PIECEWISE capture was unaffected: attention runs outside its graphs "
         "(piecewise_decode shows it). captured_attn_states went on to the speculator's "
         "prefill graph manager, which used one state for its own warm-up and capture: "
-        "#44253 gave it separate states. Later (#48261, #49364) attention metadata is always "
-        "built at capture time."
+        "#44253 gave it separate states (registered as spec_capture_state). Later (#48261, "
+        "#49364) attention metadata is always built at capture time."
     ),
 )

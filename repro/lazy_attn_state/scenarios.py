@@ -102,6 +102,12 @@ def captured_state_consumer(ctx: Context) -> str:
     the warm-up's, planned for the warm-up lengths: the draft reads a stale plan (wrong
     result). Also fails a fix that captures with a fresh state but keeps the warm-up one.
     """
+    return draft_decode_steps(ctx)
+
+
+def draft_decode_steps(ctx: Context) -> str:
+    """Capture with the draft attention, then decode steps: the draft's replay vs its eager
+    step vs the float64 reference."""
     runner = decode_runner(ctx, CUDAGraphMode.FULL_AND_PIECEWISE, draft=True)
     runner.capture_model()
     problems = []

@@ -68,7 +68,8 @@ RECORD = BugRecord(
         ),
     ),
     history=(
-        "Triton twin of the same off-by-one: vLLM #32277 (fused_moe_lora launch grid, "
+        "Triton twin of the same off-by-one: vLLM #32277 (registered as moe_lora_consumer_grid; "
+        "the fused_moe_lora launch grid, "
         "vllm/lora/ops/triton_ops/fused_moe_lora_op.py). The align op is called from the "
         "punica wrapper's moe_lora_align_block_size, for the fused-MoE LoRA layer."
     ),

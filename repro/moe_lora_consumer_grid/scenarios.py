@@ -141,14 +141,14 @@ def stray_lora_id(ctx: Context) -> str:
         lora_ids = torch.tensor([0, stray], dtype=torch.int32)
         padded, m_blocks = align_sizes(topk.numel(), NUM_EXPERTS, BLOCK_SIZE)
         guarded = (
-            Guarded.make(1, (padded,), rows - 1, -2, 0, torch.int32, "cpu"),
-            Guarded.make(1, (m_blocks,), rows - 1, -3, 0, torch.int32, "cpu"),
-            Guarded.make(1, (), rows - 1, -4, BLOCK_SIZE, torch.int32, "cpu"),
+            Guarded.make(1, (padded,), rows - 1, -2, 0, torch.int32, ctx.device),
+            Guarded.make(1, (m_blocks,), rows - 1, -3, 0, torch.int32, ctx.device),
+            Guarded.make(1, (), rows - 1, -4, BLOCK_SIZE, torch.int32, ctx.device),
         )
         aligned = _aligned(topk, owners, lora_ids, enabled, max_loras, [g.view for g in guarded])
         for g, a in zip(guarded, aligned, strict=True):
             g.view.copy_(a)
-        weights = [_padded(w, rows) for w in (lora_a, lora_b)]
+        weights = [_padded(w, rows, ctx.device) for w in (lora_a, lora_b)]
         shrunk_ref, expanded_ref = _references(x, lora_a, lora_b, topk, owners, enabled)
         views = [g.view for g in guarded]
         inputs = (x, weights[0].view, weights[1].view, views, lora_ids, enabled, shrunk_ref)
@@ -162,10 +162,11 @@ def stray_lora_id(ctx: Context) -> str:
     return "stray ids 1 and 5 skipped by both kernels; lora 0's pairs match; pair 0 untouched"
 
 
-def _padded(weights: torch.Tensor, rows: int) -> Guarded:
-    """`weights` [max_loras, ...] in front of canary rows of ones (rows in all)."""
+def _padded(weights: torch.Tensor, rows: int, device: str) -> Guarded:
+    """`weights` [max_loras, ...] in front of canary rows of ones (rows in all), on `device`
+    (NOTE: never copied there after: a copy of the view leaves the canaries behind)."""
     real = weights.shape[0]
-    g = Guarded.make(real, weights.shape[1:], rows - real, 0.0, 1.0, torch.float32, "cpu")
+    g = Guarded.make(real, weights.shape[1:], rows - real, 0.0, 1.0, torch.float32, device)
     g.view.copy_(weights)
     return g
 

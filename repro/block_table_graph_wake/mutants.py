@@ -1,0 +1,40 @@
+"""Fix-site mutants of block_table_graph_wake: the in-place refresh partial, short or empty."""
+
+from __future__ import annotations
+
+from harness.record import Mutant
+from repro.block_table_graph_wake import REFRESH
+
+TABLES = "harness/runner/block_table.py"
+REFRESH_LINE = "getattr(self, name).copy_(torch.tensor(values, dtype=dtype))"
+IN_PLACE_TEST = "if in_place and hasattr(self, name):"
+
+MUTANTS = (
+    Mutant(
+        "refresh_pointers_only",
+        REFRESH,
+        "partial",
+        TABLES,
+        IN_PLACE_TEST,
+        'if in_place and hasattr(self, name) and name.endswith("ptrs"):',
+        "the pointer tensors are refreshed in place, strides and block sizes rebuilt as new",
+    ),
+    Mutant(
+        "refresh_first_group_only",
+        REFRESH,
+        "boundary",
+        TABLES,
+        REFRESH_LINE,
+        "getattr(self, name)[:1].copy_(torch.tensor(values[:1], dtype=dtype))",
+        "the refresh writes the first KV-cache group's entries only",
+    ),
+    Mutant(
+        "refresh_keeps_tensors_unwritten",
+        REFRESH,
+        "unused_state",
+        TABLES,
+        REFRESH_LINE,
+        "pass",
+        "the existing tensors are kept (same addresses) but their values are not rewritten",
+    ),
+)

@@ -1,0 +1,78 @@
+"""Scenarios of block_table_graph_wake (the hazard of vLLM #53197): each function's docstring is
+its bug report. The record (fix parts, expected outcomes) is in the package; see its docstring.
+"""
+
+from __future__ import annotations
+
+from harness.oracle import close, expect_all
+from harness.record import Context
+from harness.reference import step_reference
+from harness.runner.cudagraph import CUDAGraphMode
+from harness.runner.input_batch import Request
+from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.worker import Worker
+
+PROMPTS = ([1, 2, 3, 4, 5], [7], [9, 8, 7, 6])  # 10 tokens: the PIECEWISE 16 graph
+NEW_TOKENS = 3  # then decode steps of 3 requests: the FULL 4 graph
+CYCLES = (("sleep(1) -> wake_up()", 1), ("sleep(2) -> wake_up()", 2))
+
+
+def _generate(runner: ModelRunner, label: str) -> tuple[list[list[int]], list[str | None]]:
+    """Greedy tokens, every step from a graph; each step's logits vs the dense reference."""
+    runner.kv_cache.reset()
+    seqs, problems = [list(p) for p in PROMPTS], []
+    for step in range(NEW_TOKENS):
+        requests = [
+            Request(
+                f"r{row}",
+                tuple(seq if step == 0 else seq[-1:]),
+                0,
+                0 if step == 0 else len(seq) - 1,
+            )
+            for row, seq in enumerate(seqs)
+        ]
+        out = runner.execute_model(requests)
+        if out.desc is None:
+            problems.append(f"{label}: step {step} ran eagerly, not from a graph")
+        graph = f"{out.desc.cg_mode.value} {out.desc.num_tokens}" if out.desc else "eager"
+        reference = step_reference(runner, requests)[1]
+        problems.append(
+            close(f"{label}: step {step} ({graph}) logits vs reference", out.logits, reference)
+        )
+        for row, token in enumerate(out.logits.argmax(-1).tolist()):
+            seqs[row].append(token)
+    return [seq[len(p) :] for seq, p in zip(seqs, PROMPTS, strict=True)], problems
+
+
+def graph_replay_after_wake(ctx: Context) -> str:
+    """Graphs that gather the step's block tables and compute its slot mappings themselves
+    (FULL_AND_PIECEWISE: a PIECEWISE graph for the prefill, FULL decode graphs), captured
+    once; generate, then for each cycle: sleep, wake, generate again, every step replayed.
+
+    Each step's logits vs the dense float64 reference; the tokens must not change. Fixed: the
+    layout tensors are refreshed in place on wake, the graphs read the live ones. Buggy (they
+    are rebuilt as new tensors, #40648's way): the first replay after wake reads the old
+    tensors, whose memory wake discarded (0xFF bytes, or by then another layout tensor's
+    values), and follows a wild table address: illegal address on the GPU; on the CPU the
+    interpreter's wild read kills the child with SIGSEGV.
+    """
+    config = RunnerConfig(
+        ctx.device,
+        ctx.fixes,
+        enable_lora=False,
+        cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
+        tables_in_graph=True,
+    )
+    worker = Worker(config)
+    runner = worker.model_runner
+    runner.capture_model()
+    expected, problems = _generate(runner, "before sleeping")
+    for label, level in CYCLES:
+        worker.sleep(level)
+        worker.wake_up()
+        got, found = _generate(runner, label)
+        problems += found
+        if got != expected:
+            problems.append(f"{label}: generated {got}, before sleeping {expected}")
+    expect_all(problems)
+    return f"{len(CYCLES)} sleep/wake cycles, every step replayed: tokens {expected} as reference"
