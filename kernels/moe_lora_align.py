@@ -21,6 +21,7 @@ import triton.language as tl
 
 SMALL_BATCH_MAX_NUMEL = 1024  # small path: numel < this and E <= SMALL_BATCH_MAX_EXPERTS
 SMALL_BATCH_MAX_EXPERTS = 64
+SMALL_BATCH_CHUNK = 128  # pairs per one-hot tile: [128, 64] int32 is 32 KiB
 SORT_CHUNK = 256
 
 
@@ -222,7 +223,7 @@ def _launch_triton(
             max_loras,
             padded,
             m_blocks,
-            NUMEL_BLOCK=triton.next_power_of_2(numel),
+            CHUNK=min(triton.next_power_of_2(numel), SMALL_BATCH_CHUNK),
             FIXED_OOB_GUARD=guard,
             **common,
         )
@@ -333,20 +334,25 @@ def _small_batch_kernel(
     MAX_NUM_M_BLOCKS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     EXPERT_BLOCK: tl.constexpr,
-    NUMEL_BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
     FIXED_OOB_GUARD: tl.constexpr,
 ):
-    """One program per slot; the whole batch fits one block of pairs."""
+    """One program per slot, over the batch in chunks of CHUNK pairs (a [CHUNK, EXPERT_BLOCK]
+    one-hot tile: [1024, 64] int32 would need 256 KiB of shared memory, more than an H100 has):
+    a first pass counts, a second writes each pair after the ones before it."""
     lora_id = tl.load(lora_ids_ptr + tl.program_id(0))
     if _skip_slot(lora_id, adapter_enabled_ptr, max_loras, FIXED_OOB_GUARD, True):
         return
     lora = lora_id.to(tl.int64)
-    pairs = tl.arange(0, NUMEL_BLOCK)
-    in_range = pairs < NUMEL
-    mine = in_range & (tl.load(token_lora_mapping_ptr + pairs // top_k, mask=in_range) == lora_id)
-    expert = tl.load(topk_ids_ptr + pairs, mask=mine, other=-1)
-    onehot = (expert[:, None] == tl.arange(0, EXPERT_BLOCK)[None, :]).to(tl.int32)
-    starts, ends, total = _padded_layout(tl.sum(onehot, axis=0), BLOCK_SIZE)
+    experts = tl.arange(0, EXPERT_BLOCK)
+    counts = tl.zeros([EXPERT_BLOCK], tl.int32)
+    for c0 in range(0, NUMEL, CHUNK):
+        pairs = c0 + tl.arange(0, CHUNK)
+        in_range = pairs < NUMEL
+        owner = tl.load(token_lora_mapping_ptr + pairs // top_k, mask=in_range, other=-1)
+        expert = tl.load(topk_ids_ptr + pairs, mask=in_range & (owner == lora_id), other=-1)
+        counts += tl.sum((expert[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    starts, ends, total = _padded_layout(counts, BLOCK_SIZE)
     tl.store(num_tokens_post_pad_ptr + lora, total)
     _expert_of_blocks(
         expert_ids_ptr + lora * MAX_NUM_M_BLOCKS, ends, total, MAX_NUM_M_BLOCKS, BLOCK_SIZE
@@ -354,9 +360,18 @@ def _small_batch_kernel(
     row_ptr = sorted_token_ids_ptr + lora * MAX_NUM_TOKENS_PADDED
     _fill_row(row_ptr, NUMEL, MAX_NUM_TOKENS_PADDED, 256)
     tl.debug_barrier()  # NOTE: padding must land before the pairs that overwrite it.
-    rank = tl.cumsum(onehot, axis=0) - 1  # [NUMEL_BLOCK, EXPERT_BLOCK]
-    dest = tl.sum(tl.where(onehot != 0, starts[None, :] + rank, 0), axis=1)
-    tl.store(row_ptr + dest, pairs, mask=mine)
+    seen = tl.zeros([EXPERT_BLOCK], tl.int32)  # pairs of each expert written so far
+    for c0 in range(0, NUMEL, CHUNK):
+        pairs = c0 + tl.arange(0, CHUNK)
+        in_range = pairs < NUMEL
+        owner = tl.load(token_lora_mapping_ptr + pairs // top_k, mask=in_range, other=-1)
+        mine = in_range & (owner == lora_id)
+        expert = tl.load(topk_ids_ptr + pairs, mask=mine, other=-1)
+        onehot = (expert[:, None] == experts[None, :]).to(tl.int32)
+        rank = tl.cumsum(onehot, axis=0) - 1 + seen[None, :]  # [CHUNK, EXPERT_BLOCK]
+        dest = tl.sum(tl.where(onehot != 0, starts[None, :] + rank, 0), axis=1)
+        tl.store(row_ptr + dest, pairs, mask=mine)
+        seen += tl.sum(onehot, axis=0)
 
 
 @triton.jit

@@ -95,6 +95,32 @@ def test_triton_align_matches_reference(device, p) -> None:
     _check_align(p, device, "triton")
 
 
+def _small_path_edge(num_tokens: int, top_k: int, max_loras: int) -> dict:
+    """The small path's upper edge with 64 experts (upstream's test: 100 tokens, top-k 6)."""
+    return {
+        "num_tokens": num_tokens,
+        "top_k": top_k,
+        "num_experts": 64,
+        "block_size": 16,
+        "max_loras": max_loras,
+        "lora_ids": [-1, *range(max_loras)],
+        "disabled": [],
+        "seed": num_tokens,
+    }
+
+
+SMALL_PATH_EDGES = [(100, 6, 2), (100, 6, 32), (341, 3, 4)]  # 600, 600, 1023 pairs
+
+
+@pytest.mark.moe_align_grid
+@pytest.mark.parametrize(("num_tokens", "top_k", "max_loras"), SMALL_PATH_EDGES)
+@pytest.mark.parametrize("backend", ["triton", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_align_small_path_upper_edge(device, backend, num_tokens, top_k, max_loras) -> None:
+    """A [next_pow2(numel), 64] one-hot tile would not fit an H100's shared memory: the
+    Triton small path tiles over pairs (it failed to compile here before)."""
+    _check_align(_small_path_edge(num_tokens, top_k, max_loras), device, backend)
+
+
 @pytest.mark.gpu
 @pytest.mark.moe_align_grid
 @given(align_problems())

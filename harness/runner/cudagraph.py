@@ -203,8 +203,8 @@ class CudaGraphManager:
         order = sorted(descs, key=lambda d: (d.cg_mode != CUDAGraphMode.PIECEWISE, -d.num_tokens))
         for desc in order:
             forward_fn, attn_state = create_forward_fn(desc)
-            forward_fn(CUDAGraphMode.NONE)  # warm-up: allocations, lazy init, autotuning
             warmup_state = attn_state
+            forward_fn(CUDAGraphMode.NONE)  # warm-up: allocations, lazy init, autotuning
             if (
                 desc.cg_mode == CUDAGraphMode.FULL
                 and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes
