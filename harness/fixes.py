@@ -31,6 +31,8 @@ class Fix(enum.Enum):
     MOE_LORA_ID_GUARD = "moe_lora_id_guard"
     # vLLM #44253 (spec_capture_state)
     SPEC_SEPARATE_WARMUP_STATE = "spec_separate_warmup_state"
+    # vLLM #46523 (capture_first_call; open upstream, for issue #40742)
+    CAPTURE_PREWARM = "capture_prewarm"
 
 
 Variant = frozenset[Fix]

@@ -47,11 +47,12 @@ def reshape_and_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_heads, head_dim]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [>= num_tokens] int64, -1 for padding tokens
+    num_warps: int = 4,  # a launch config: the bytes written do not depend on it
 ) -> None:
     num_tokens, heads, dim = key.shape
     assert k_cache.shape[2:] == (heads, dim) and k_cache.is_contiguous() and key.is_contiguous()
     _reshape_and_cache_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, WIDTH=heads * dim
+        key, value, k_cache, v_cache, slot_mapping, WIDTH=heads * dim, num_warps=num_warps
     )
 
 

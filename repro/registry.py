@@ -8,6 +8,7 @@ from harness.record import BugRecord
 from repro import (
     block_table_graph_wake,
     block_table_wake,
+    capture_first_call,
     lazy_attn_state,
     lora_dummy_run,
     lora_graph_capture,
@@ -25,6 +26,7 @@ BUGS: tuple[BugRecord, ...] = (
     moe_lora_consumer_grid.RECORD,
     block_table_graph_wake.RECORD,
     spec_capture_state.RECORD,
+    capture_first_call.RECORD,
 )
 
 

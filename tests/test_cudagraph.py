@@ -12,6 +12,7 @@ from harness.runner.cudagraph import (
     CUDAGraphMode,
     Launcher,
     capturing,
+    host_sync,
 )
 
 
@@ -81,6 +82,17 @@ def test_what_capture_allocates_holds_poison_until_a_replay(device) -> None:
     assert (ints == 7).all().item() and floats.tolist() == [6.0] * 4
 
 
+@pytest.mark.capture_first_call
+def test_a_host_sync_is_refused_while_capturing(device) -> None:
+    if device == "cuda":
+        pytest.skip("the GPU refuses it by invalidating the capture: shown in a child process")
+    launch = Launcher()
+    host_sync(launch, device)  # eager: fine
+    refused = pytest.raises(RuntimeError, match="stream is capturing")
+    with refused, capturing(launch, device, None):
+        host_sync(launch, device)
+
+
 def test_manager_warms_up_captures_and_dispatches(device) -> None:
     launch = Launcher()
     manager = CudaGraphManager(device, launch)
@@ -99,10 +111,11 @@ def test_manager_warms_up_captures_and_dispatches(device) -> None:
     full = [BatchExecutionDescriptor(CUDAGraphMode.FULL, n, n, True) for n in (4, 8)]
     piecewise = [BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, n, n) for n in (4, 8)]
     manager.capture(full + piecewise, create_forward_fn)
-    # PIECEWISE first (larger activations), then FULL; largest first in each
-    assert [n for n, _ in calls] == [8, 8, 4, 4, 8, 8, 4, 4]
+    # PIECEWISE first (larger activations), then FULL; largest first in each; FULL: warm-up,
+    # the FULL path once eagerly, capture
+    assert [n for n, _ in calls] == [8, 8, 4, 4, 8, 8, 8, 4, 4, 4]
     assert [m for _, m in calls][:4] == [CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE] * 2
-    assert [m for _, m in calls][4:] == [CUDAGraphMode.NONE, CUDAGraphMode.FULL] * 2
+    assert [m for _, m in calls][4:] == [CUDAGraphMode.NONE, *[CUDAGraphMode.FULL] * 2] * 2
     dispatch = manager.dispatch
     assert dispatch(3, 3, True) == full[0] and dispatch(5, 5, True) == full[1]
     assert dispatch(3, 2, False) == piecewise[0] and dispatch(5, 5, False) == piecewise[1]
@@ -135,25 +148,32 @@ def test_piecewise_runs_outside_work_eagerly_at_every_replay(device) -> None:
     assert calls == [1.0, 1.0, 1.0] and full.launches == ["mul_", "add_", "add_"]
 
 
+CAPTURE_ORDERS = [
+    (
+        CUDAGraphMode.FULL,
+        ALL_FIXES,
+        ["factory", "warm-up", "factory", "prewarm", "factory for capture", "capture"],
+        2,
+    ),
+    (
+        CUDAGraphMode.FULL,
+        ALL_FIXES - {Fix.FRESH_ATTN_STATE_FOR_CAPTURE},
+        ["factory", "warm-up", "factory", "prewarm", "capture"],
+        0,
+    ),
+    (
+        CUDAGraphMode.FULL,
+        ALL_FIXES - {Fix.CAPTURE_PREWARM},
+        ["factory", "warm-up", "factory for capture", "capture"],
+        1,
+    ),
+    (CUDAGraphMode.PIECEWISE, ALL_FIXES, ["factory", "warm-up", "capture"], 0),
+]
+
+
 @pytest.mark.lazy_attn_state
-@pytest.mark.parametrize(
-    ("mode", "fixes", "order", "kept"),
-    [
-        (
-            CUDAGraphMode.FULL,
-            ALL_FIXES,
-            ["factory", "warm-up", "factory for capture", "capture"],
-            1,
-        ),
-        (
-            CUDAGraphMode.FULL,
-            ALL_FIXES - {Fix.FRESH_ATTN_STATE_FOR_CAPTURE},
-            ["factory", "warm-up", "capture"],
-            0,
-        ),
-        (CUDAGraphMode.PIECEWISE, ALL_FIXES, ["factory", "warm-up", "capture"], 0),
-    ],
-)
+@pytest.mark.capture_first_call
+@pytest.mark.parametrize(("mode", "fixes", "order", "kept"), CAPTURE_ORDERS)
 def test_capture_call_order_and_kept_state(device, mode, fixes, order, kept) -> None:
     manager, events, states = CudaGraphManager(device, Launcher(), fixes), [], []
 
@@ -162,7 +182,9 @@ def test_capture_call_order_and_kept_state(device, mode, fixes, order, kept) -> 
         states.append(object())
 
         def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:
-            events.append("warm-up" if cg_mode == CUDAGraphMode.NONE else "capture")
+            capturing_now = manager.launcher.names is not None
+            eager = "warm-up" if cg_mode == CUDAGraphMode.NONE else "prewarm"
+            events.append("capture" if capturing_now else eager)
             return torch.zeros(1, device=device)
 
         return forward, states[-1]

@@ -76,6 +76,15 @@ class Launcher:
         self.split(functools.partial(fn, *args, **kwargs))
 
 
+def host_sync(launcher: Launcher, device: str) -> None:
+    """Wait for the device (a timing, a read-back): refused while capturing, by the driver on
+    the GPU (the capture is invalidated), by the emulation on the CPU."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elif launcher.recording is not None:
+        raise RuntimeError("operation not permitted when stream is capturing (host sync)")
+
+
 @dataclass
 class Graph:
     """Captured CUDA graphs (GPU) or recorded work (CPU), with eager steps between PIECEWISE
@@ -184,7 +193,7 @@ class CudaGraphManager:
     def __init__(self, device: str, launcher: Launcher, fixes: Variant = ALL_FIXES) -> None:
         self.device, self.fixes = device, fixes
         self.launcher = launcher
-        self.pool, self.primer = poisoned_pool() if device == "cuda" else (None, None)
+        self.pool, self.primer = None, None  # GPU: a poisoned pool, made at the first capture
         self.graphs: dict[BatchExecutionDescriptor, Graph] = {}
         self.outputs: dict[BatchExecutionDescriptor, object] = {}
         # each descriptor's attention states: the one its warm-up ran on, the one captured
@@ -197,14 +206,20 @@ class CudaGraphManager:
         create_forward_fn: Callable[..., tuple[ForwardFn, AttnState]],
     ) -> None:
         """PIECEWISE descriptors first (their activations are the larger), then FULL; each
-        largest first. Per descriptor: warm up eagerly, then capture in its mode.
+        largest first. Per descriptor: warm up eagerly (FULL: and run the FULL path once
+        eagerly), then capture in its mode.
         `create_forward_fn(desc)` makes a forward function and its attention state;
         `create_forward_fn(desc, warmup=False)`, one for capture."""
         order = sorted(descs, key=lambda d: (d.cg_mode != CUDAGraphMode.PIECEWISE, -d.num_tokens))
+        if self.device == "cuda" and self.pool is None:
+            self.pool, self.primer = poisoned_pool()
         for desc in order:
             forward_fn, attn_state = create_forward_fn(desc)
             warmup_state = attn_state
             forward_fn(CUDAGraphMode.NONE)  # warm-up: allocations, lazy init, autotuning
+            if desc.cg_mode == CUDAGraphMode.FULL and Fix.CAPTURE_PREWARM in self.fixes:
+                # fix: capture_prewarm -- first-call work of the FULL path must not run in capture.
+                create_forward_fn(desc)[0](desc.cg_mode)  # eagerly, on a disposable state
             if (
                 desc.cg_mode == CUDAGraphMode.FULL
                 and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes

@@ -79,6 +79,7 @@ class TinyLoRADecoder:
         self.attn = [[place(w) for w in ws] for ws in weights["attn"]]  # per layer q, k, v, o
         self.decode_backend: FlashMLABackend | None = None  # set by the runner's config
         self.moe = MoEConfig()  # set by the runner: align backend and fix switches
+        self.cache_write_warps = 4  # the KV-cache write's launch config (the runner tunes it)
         zeros = lambda *shape: torch.zeros(*shape, device=device)
         # LoRA weights stacked per slice (or expert) and slot, filled in place by load_lora
         k, width, r = self.LAYER_SLICES, c.hidden_size // self.LAYER_SLICES, c.max_lora_rank
@@ -219,7 +220,8 @@ class TinyLoRADecoder:
         """Cache this step's K/V, then attend: the split-KV backend for uniform decode
         batches when the runner has one, paged causal attention otherwise."""
         k_cache, v_cache = attn.k_caches[i], attn.v_caches[i]
-        launch(reshape_and_cache, k, v, k_cache, v_cache, attn.slot_mappings[i])
+        slots = attn.slot_mappings[i]
+        launch(reshape_and_cache, k, v, k_cache, v_cache, slots, self.cache_write_warps)
         scale = (self.config.hidden_size // self.config.num_heads) ** -0.5
         table = attn.block_tables[i]
         if self.decode_backend is not None and attn.uniform_decode:

@@ -10,6 +10,7 @@ holds the one of vLLM #42444.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,7 @@ from harness.runner.cudagraph import (
     CudaGraphManager,
     CUDAGraphMode,
     Launcher,
+    host_sync,
 )
 from harness.runner.flashmla import DraftAttention, DraftInputs, FlashMLABackend, FlashMLASchedMeta
 from harness.runner.input_batch import InputBatch, InputBuffers, Request
@@ -35,6 +37,7 @@ from harness.runner.model import ModelConfig, TinyLoRADecoder, rms_norm
 from harness.runner.sleep_mode import TaggedPools, make_pools
 from kernels.fused_moe_lora import ConsumerFixes
 from kernels.moe_lora_align import AlignFixes
+from kernels.paged_attention import reshape_and_cache
 
 FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
 # The switches of kernels/moe_lora_align.AlignFixes, in order.
@@ -114,6 +117,7 @@ class ModelRunner:
         )
         self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes)
         self.capture_attn: dict[BatchExecutionDescriptor, AttentionMetadata] = {}
+        self.tuned: set[tuple[bool, int]] = set()  # (FULL path?, size) tuned on a first call
 
     def _punica_wrappers(self) -> dict[str, PunicaWrapper]:
         # NOTE: the embedding and layer 0 share one wrapper object; layer 1 and the LM head
@@ -301,11 +305,35 @@ class ModelRunner:
         self.capture_attn[desc] = attn
 
         def forward(mode: CUDAGraphMode):
+            self._first_call_tuning(mode, batch.num_tokens)
             if self.config.tables_in_graph:
                 self.kv_cache.metadata(batch, self.launch)
             return self.model.forward(batch, attn, self.wrappers, self.launch)
 
         return forward, attn.sched
+
+    def _first_call_tuning(self, mode: CUDAGraphMode, num_tokens: int) -> None:
+        """The one-time tuning of a path and size on its first call (upstream: Inductor's
+        autotuning of the compiled FULL-graph path, per shape, vLLM #40742): time the KV-cache
+        write under two launch configs, with host syncs, on scratch tensors; keep the faster.
+        The eager and PIECEWISE paths tune at warm-up; the FULL path at its first call: in
+        capture, unless prewarmed."""
+        key = (mode == FULL, num_tokens)
+        if key in self.tuned:
+            return
+        m = self.config.model
+        kv = torch.zeros(4, m.num_heads, m.hidden_size // m.num_heads, device=self.device)
+        cache = torch.zeros(4, 1, *kv.shape[1:], device=self.device)
+        slots = torch.arange(4, device=self.device)
+        seconds = {}
+        for warps in (1, 4):
+            host_sync(self.launch, self.device)
+            start = time.perf_counter()
+            self.launch(reshape_and_cache, kv, kv, cache, cache, slots, warps)
+            host_sync(self.launch, self.device)
+            seconds[warps] = time.perf_counter() - start
+        self.model.cache_write_warps = min(seconds, key=seconds.get)
+        self.tuned.add(key)
 
     # -- generation and sleep mode ------------------------------------------------------------
 

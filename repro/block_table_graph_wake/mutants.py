@@ -37,4 +37,22 @@ MUTANTS = (
         "pass",
         "the existing tensors are kept (same addresses) but their values are not rewritten",
     ),
+    Mutant(
+        "refresh_skips_input_table_pointers",
+        REFRESH,
+        "partial",
+        TABLES,
+        IN_PLACE_TEST,
+        'if in_place and hasattr(self, name) and name != "input_block_table_ptrs":',
+        "the input tables' pointer tensor is rebuilt as new, the others refreshed in place",
+    ),
+    Mutant(
+        "refresh_shifted_one_row",
+        REFRESH,
+        "wrong_row",
+        TABLES,
+        REFRESH_LINE,
+        "getattr(self, name)[1:].copy_(torch.tensor(values, dtype=dtype)[:-1])",
+        "each value is written one entry further down (the first keeps its stale value)",
+    ),
 )

@@ -15,6 +15,12 @@ COMMENT = (
     "                # fix: fresh_attn_state_for_capture -- "
     "lazy attention init must run in the graph.\n"
 )
+PREWARM = (
+    "            if desc.cg_mode == CUDAGraphMode.FULL and Fix.CAPTURE_PREWARM in self.fixes:\n"
+    "                # fix: capture_prewarm -- "
+    "first-call work of the FULL path must not run in capture.\n"
+    "                create_forward_fn(desc)[0](desc.cg_mode)  # eagerly, on a disposable state\n"
+)
 CONDITION = """            if (
                 desc.cg_mode == CUDAGraphMode.FULL
                 and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes
@@ -63,8 +69,8 @@ MUTANTS = (
         PART,
         "ordering",
         GRAPHS,
-        WARM_UP + CONDITION + "\n" + COMMENT + FRESH + "\n",
-        CONDITION + "\n" + FRESH + "\n" + WARM_UP,
+        WARM_UP + PREWARM + CONDITION + "\n" + COMMENT + FRESH + "\n",
+        CONDITION + "\n" + FRESH + "\n" + WARM_UP + PREWARM,
         "the fresh state is made before the warm-up, which then plans with it",
     ),
     Mutant(

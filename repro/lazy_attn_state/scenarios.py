@@ -52,7 +52,7 @@ def _decode(runner: ModelRunner, ctx: Context, step: int, lens: list[int]):
     return requests, replay, runner.execute_model(requests, use_cudagraph=False)
 
 
-def _decode_steps(ctx: Context, mode: CUDAGraphMode) -> str:
+def decode_steps(ctx: Context, mode: CUDAGraphMode) -> str:
     runner = decode_runner(ctx, mode)
     runner.capture_model()
     problems, graphs = [], []
@@ -82,14 +82,14 @@ def full_decode_graphs(ctx: Context) -> str:
     planner ran in warm-up and is missing from the graphs; replays reuse the warm-up plan:
     wrong result in every FULL size.
     """
-    return _decode_steps(ctx, CUDAGraphMode.FULL_AND_PIECEWISE)
+    return decode_steps(ctx, CUDAGraphMode.FULL_AND_PIECEWISE)
 
 
 def piecewise_decode(ctx: Context) -> str:
     """The same decode steps under PIECEWISE capture: the attention (and its lazy plan) runs
     eagerly between the captured pieces, with a fresh state every step. Buggy and fixed pass:
     upstream's "PIECEWISE was unaffected", shown."""
-    return _decode_steps(ctx, CUDAGraphMode.PIECEWISE)
+    return decode_steps(ctx, CUDAGraphMode.PIECEWISE)
 
 
 def captured_state_consumer(ctx: Context) -> str:

@@ -1,0 +1,74 @@
+"""capture_first_call (vLLM #46523, open; issue #40742): the FULL path's first call is the capture.
+
+Warm-up runs every descriptor's forward in eager mode. Since #42444, FULL capture makes a fresh
+forward function and calls it for the first time inside capture, so one-time work of the FULL
+path (upstream: Inductor/Triton autotuning of the compiled graph, which times candidates and
+synchronises) runs while the stream is capturing: the driver refuses the sync and capture fails.
+Fix part (proposed, not merged): run the capture-compatible path once eagerly, on a disposable
+attention state, before the fresh state and the capture. Run alone:
+`python -m repro.capture_first_call`.
+"""
+
+from __future__ import annotations
+
+from harness.fixes import Fix
+from harness.outcome import ByDevice, Outcome
+from harness.record import BugRecord, Expect, Scenario
+
+PART = Fix.CAPTURE_PREWARM
+# GPU: torch.cuda.synchronize raises "operation not permitted when stream is capturing" and the
+# capture is invalidated; CPU: the graph emulation refuses a host sync while recording.
+FAILS = ByDevice.both(Outcome.EXCEPTION)
+
+RECORD = BugRecord(
+    id="capture_first_call",
+    title="The FULL path's first call (and its one-time tuning) runs inside CUDA-graph capture",
+    upstream="https://github.com/vllm-project/vllm/pull/46523",
+    symptom=(
+        "FULL CUDA-graph capture fails: cudaErrorStreamCaptureUnsupported ('operation not "
+        "permitted when stream is capturing') from a first-call autotune (issue #40742)"
+    ),
+    root_cause=(
+        "warm-up runs the eager path; the FULL path (a fresh forward function since #42444) "
+        "runs for the first time inside capture, where its one-time tuning synchronises"
+    ),
+    trigger="FULL capture of a path whose first call tunes per shape (host syncs)",
+    fix_parts=(PART,),
+    buggy_outcome=FAILS,
+    scenarios=(
+        Scenario("full_decode_capture", (Expect(frozenset({PART}), FAILS),), timeout_s=300.0),
+        Scenario(
+            "piecewise_capture",
+            (
+                Expect(
+                    frozenset({PART}),
+                    ByDevice.both(Outcome.PASS),
+                    why="the PIECEWISE path is the one warm-up ran: tuned before capture",
+                ),
+            ),
+            timeout_s=300.0,
+        ),
+    ),
+    package=__name__,
+    anchors=(
+        (
+            PART,
+            "vllm/v1/worker/gpu/cudagraph_utils.py, CudaGraphManager.capture (as proposed in "
+            "#46523): for FULL descriptors, after the general warm-up, run the capture-"
+            "compatible forward function eagerly with disposable attention metadata, then "
+            "build fresh metadata and capture",
+        ),
+    ),
+    history=(
+        "Open upstream: #46523 is not merged and issue #40742 is open (a v0.22.0 B200 report "
+        "shows the same first-call Inductor autotuning). The runner stands for Inductor with a "
+        "per-shape first-call tuning of the KV-cache write's launch config (two configs timed "
+        "with host syncs on scratch tensors; they write the same bytes). The issue also names "
+        "a first-call buffer allocated during capture and later overwritten: not modelled. A "
+        "buffer that capture allocates and the runner keeps stays the graph pool's for as "
+        "long as it is referenced, so the hazard needs an address kept without its tensor; "
+        "#48261, the nearest merged case, is about metadata views of persistent buffers that "
+        "later builds overwrite, which faulted only at capture on low-SM devices; neither "
+        "was found in a form this runner can show deterministically on both devices."
+    ),
+)

@@ -1,0 +1,74 @@
+"""Fix-site mutants of capture_first_call: the prewarm run in the wrong mode, for some
+descriptors only, never called, or on the capture's own state."""
+
+from __future__ import annotations
+
+from harness.record import Mutant
+from repro.capture_first_call import PART
+
+GRAPHS = "harness/runner/cudagraph.py"
+CONDITION = (
+    "            if desc.cg_mode == CUDAGraphMode.FULL and Fix.CAPTURE_PREWARM in self.fixes:"
+)
+CALL = "                create_forward_fn(desc)[0](desc.cg_mode)  # eagerly, on a disposable state"
+FRESH = "                forward_fn, attn_state = create_forward_fn(desc, warmup=False)"
+
+MUTANTS = (
+    Mutant(
+        "prewarm_in_eager_mode",
+        PART,
+        "wrong_row",
+        GRAPHS,
+        CALL,
+        CALL.replace("(desc.cg_mode)", "(CUDAGraphMode.NONE)"),
+        "the prewarm runs the eager path again, not the FULL path",
+    ),
+    Mutant(
+        "prewarm_for_piecewise_instead",
+        PART,
+        "wrong_row",
+        GRAPHS,
+        CONDITION,
+        CONDITION.replace("CUDAGraphMode.FULL", "CUDAGraphMode.PIECEWISE"),
+        "the PIECEWISE descriptors are prewarmed, the FULL ones are not",
+    ),
+    Mutant(
+        "prewarm_for_the_largest_size_only",
+        PART,
+        "partial",
+        GRAPHS,
+        CONDITION,
+        CONDITION[:-1] + " and desc.num_tokens == max(\n"
+        "                d.num_tokens for d in descs\n"
+        "            ):",
+        "only the largest FULL descriptor is prewarmed (tuning is per shape)",
+    ),
+    Mutant(
+        "prewarm_skips_uniform_decode",
+        PART,
+        "partial",
+        GRAPHS,
+        CONDITION,
+        CONDITION[:-1] + " and not desc.uniform_decode:",
+        "the FULL decode graphs (uniform decode) are left out of the prewarm",
+    ),
+    Mutant(
+        "prewarm_function_never_called",
+        PART,
+        "unused_state",
+        GRAPHS,
+        CALL,
+        "                create_forward_fn(desc)  # a disposable state, made and dropped",
+        "the disposable forward function is made but not run",
+    ),
+    Mutant(
+        "prewarm_on_the_capture_state",
+        PART,
+        "ordering",
+        GRAPHS,
+        FRESH,
+        FRESH + "\n                forward_fn(desc.cg_mode)",
+        "an extra eager run on the fresh capture state: it plans there, so the graph lacks "
+        "the planner (the order #46523 avoids: disposable state first, fresh state after)",
+    ),
+)

@@ -1,0 +1,29 @@
+"""Scenarios of capture_first_call (vLLM #46523): each function's docstring is its bug report.
+
+The record (fix parts, expected outcomes) is in the package; see its docstring.
+"""
+
+from __future__ import annotations
+
+from harness.record import Context
+from harness.runner.cudagraph import CUDAGraphMode
+from repro.lazy_attn_state.scenarios import decode_steps
+
+
+def full_decode_capture(ctx: Context) -> str:
+    """FULL_AND_PIECEWISE capture (FULL decode graphs of 4 and 8 requests), then decode steps:
+    replay vs an eager step vs the dense float64 reference.
+
+    Each path tunes on its first call per size (host syncs). Fixed: after the eager warm-up,
+    the FULL path runs once eagerly on a disposable state, so its tuning is done when the
+    capture starts: captures and replays match. Buggy: the FULL path's first call is the
+    capture: its tuning synchronises while the stream captures: the driver (CPU: the graph
+    emulation) refuses: an exception at capture_model.
+    """
+    return decode_steps(ctx, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+
+def piecewise_capture(ctx: Context) -> str:
+    """The same steps under PIECEWISE capture only: the path captured is the one the warm-up
+    ran and tuned. Buggy and fixed pass: the hazard is the FULL path's alone."""
+    return decode_steps(ctx, CUDAGraphMode.PIECEWISE)
