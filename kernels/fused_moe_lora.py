@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import require_power_of_two
+
 BLOCK_K = 128
 
 
@@ -140,6 +142,7 @@ def _launch(a, w, out, align, slots, row_div, scale, block_size, fixes: Consumer
     assert sorted_token_ids.shape[0] == expert_ids.shape[0] == max_loras
     assert lora_ids.shape == (max_loras + 1,), lora_ids.shape
     assert block_size >= 16 and k >= 16 and n >= 16, "tl.dot needs blocks of at least 16"
+    require_power_of_two(block_size=block_size)
     m_blocks = expert_ids.shape[1]
     block_n = min(triton.next_power_of_2(n), 64)
     _fused_moe_lora_kernel[(m_blocks, triton.cdiv(n, block_n), slots)](

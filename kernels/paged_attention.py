@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import require_power_of_two
+
 BLOCK_P = 32
 
 
@@ -51,6 +53,7 @@ def reshape_and_cache(
 ) -> None:
     num_tokens, heads, dim = key.shape
     assert k_cache.shape[2:] == (heads, dim) and k_cache.is_contiguous() and key.is_contiguous()
+    require_power_of_two(**{"num_heads * head_dim": heads * dim})
     _reshape_and_cache_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping, WIDTH=heads * dim, num_warps=num_warps
     )
@@ -69,6 +72,7 @@ def paged_attention(
 ) -> None:
     num_tokens, heads, dim = query.shape
     assert query.is_contiguous() and out.is_contiguous() and block_table.is_contiguous()
+    require_power_of_two(head_dim=dim)
     _paged_attention_kernel[(num_tokens, heads)](
         query,
         k_cache,

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import require_power_of_two
 from kernels.paged_attention import attend_positions
 
 BLOCK_P = 32
@@ -62,6 +63,7 @@ def plan_schedule(
     num_splits: torch.Tensor,  # [num_reqs] int32, written
 ) -> None:
     num_parts, num_reqs = tile_scheduler_metadata.shape[0], seq_lens.shape[0]
+    require_power_of_two(num_parts=num_parts)
     _plan_kernel[(1,)](
         seq_lens,
         tile_scheduler_metadata,
@@ -86,6 +88,7 @@ def split_kv_attention(
 ) -> None:
     num_reqs, heads, dim = query.shape
     num_parts = tile_scheduler_metadata.shape[0]
+    require_power_of_two(head_dim=dim)
     assert partial_out.shape == (num_parts, num_reqs, heads, dim), partial_out.shape
     _split_kv_kernel[(num_parts, heads)](
         query,
@@ -116,6 +119,7 @@ def combine_splits(
     """out [num_reqs, heads, dim] = the log-sum-exp merge of the partials of the parts the
     plan gives each request."""
     num_parts, num_reqs, heads, dim = partial_out.shape
+    require_power_of_two(num_parts=num_parts, head_dim=dim)
     _combine_kernel[(num_reqs, heads)](
         partial_out,
         partial_lse,

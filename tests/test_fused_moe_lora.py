@@ -16,16 +16,23 @@ from kernels.moe_lora_align import align_sizes, moe_lora_align_reference
 
 # the kernels vLLM #40131 feeds and #32277 launches
 pytestmark = [pytest.mark.moe_align_grid, pytest.mark.moe_lora_consumer_grid]
-CASES = [(7, 2, 8, 16, 200, []), (29, 3, 5, 32, 131, [1]), (3, 1, 4, 16, 64, [0])]
+CASES = [
+    (7, 2, 8, 16, 200, [], 16),
+    (29, 3, 5, 32, 131, [1], 16),
+    (3, 1, 4, 16, 64, [0], 16),
+    # realistic sizes (hidden 4096, 64 experts, top-k 6): a GPU only
+    pytest.param(48, 6, 64, 16, 4096, [], 16, marks=pytest.mark.gpu),
+    pytest.param(48, 6, 64, 64, 4096, [], 64, marks=pytest.mark.gpu),
+]
 
 
 @pytest.mark.parametrize(
-    ("num_tokens", "top_k", "num_experts", "rank", "hidden", "disabled"), CASES
+    ("num_tokens", "top_k", "num_experts", "rank", "hidden", "disabled", "block_size"), CASES
 )
 def test_shrink_and_expand_match_dense_reference(
-    device, num_tokens, top_k, num_experts, rank, hidden, disabled
+    device, num_tokens, top_k, num_experts, rank, hidden, disabled, block_size
 ) -> None:
-    max_loras, block_size = 2, 16
+    max_loras = 2
     gen = torch.Generator().manual_seed(1)
     topk = torch.randint(0, num_experts, (num_tokens, top_k), generator=gen, dtype=torch.int32)
     mapping = torch.randint(-1, max_loras, (num_tokens,), generator=gen, dtype=torch.int32)

@@ -33,6 +33,7 @@ RECORD = BugRecord(
     buggy_outcome=ILLEGAL,
     scenarios=(
         Scenario("last_slot_rows", (Expect(frozenset({GRID}), WRONG),)),
+        Scenario("upstream_sizes", (Expect(frozenset({GRID}), WRONG),)),
         Scenario("consumer_poisoned", (Expect(frozenset({GRID}), ILLEGAL),)),
         Scenario(
             "oob_lora_id",
@@ -71,6 +72,11 @@ RECORD = BugRecord(
         "Triton twin of the same off-by-one: vLLM #32277 (registered as moe_lora_consumer_grid; "
         "the fused_moe_lora launch grid, "
         "vllm/lora/ops/triton_ops/fused_moe_lora_op.py). The align op is called from the "
-        "punica wrapper's moe_lora_align_block_size, for the fused-MoE LoRA layer."
+        "punica wrapper's moe_lora_align_block_size, for the fused-MoE LoRA layer. Upstream's "
+        "own regression test of these kernels (tests/lora/test_moe_lora_align_sum.py: 100 to "
+        "4096 tokens, top-k 6, 64 to 512 experts, max_loras 2 and 32) passes on the buggy "
+        "kernels in all its cases: it maps every token to a real LoRA id, so no -1 sorts first "
+        "and a grid one slot short drops nothing; upstream_sizes runs its sizes with -1 among "
+        "the ids."
     ),
 )

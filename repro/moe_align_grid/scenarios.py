@@ -40,10 +40,11 @@ class Batch:
     lora_ids: torch.Tensor  # [max_loras + 1]
     adapter_enabled: torch.Tensor  # [>= max_loras + 1]
     max_loras: int
+    num_experts: int = NUM_EXPERTS
 
     @property
     def sizes(self) -> tuple[int, int]:
-        return align_sizes(self.topk_ids.numel(), NUM_EXPERTS, BLOCK_SIZE)
+        return align_sizes(self.topk_ids.numel(), self.num_experts, BLOCK_SIZE)
 
 
 def make_batch(
@@ -52,17 +53,31 @@ def make_batch(
     lora_ids: list[int],
     max_loras: int,
     adapter_enabled: torch.Tensor | None = None,
+    num_experts: int = NUM_EXPERTS,
+    top_k: int = TOP_K,
 ) -> Batch:
-    """Seeded batch whose tokens cover every id of `lora_ids` (-1 = base model)."""
+    """Seeded batch whose tokens cover every id of `lora_ids` (-1 = base model); with the
+    default sizes a token may pick an expert twice, otherwise (upstream's test) never."""
     gen = torch.Generator().manual_seed(ctx.seed)
-    topk = torch.randint(0, NUM_EXPERTS, (num_tokens, TOP_K), generator=gen, dtype=torch.int32)
+    if (num_experts, top_k) == (NUM_EXPERTS, TOP_K):
+        topk = torch.randint(0, num_experts, (num_tokens, top_k), generator=gen, dtype=torch.int32)
+    else:
+        picks = [torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)]
+        topk = torch.stack(picks).to(torch.int32)
     owners = torch.tensor(lora_ids, dtype=torch.int32)
     mapping = owners[torch.randint(0, len(lora_ids), (num_tokens,), generator=gen)]
     mapping[: len(lora_ids)] = owners
     if adapter_enabled is None:
         adapter_enabled = torch.ones(max_loras + 1, dtype=torch.int32)
     dev = ctx.device
-    return Batch(topk.to(dev), mapping.to(dev), owners.to(dev), adapter_enabled.to(dev), max_loras)
+    return Batch(
+        topk.to(dev),
+        mapping.to(dev),
+        owners.to(dev),
+        adapter_enabled.to(dev),
+        max_loras,
+        num_experts,
+    )
 
 
 def align_fixes(ctx: Context) -> AlignFixes:
@@ -90,7 +105,7 @@ def run_align(ctx: Context, batch: Batch, outputs, **workspaces) -> None:
         batch.lora_ids,
         batch.adapter_enabled,
         *outputs,
-        num_experts=NUM_EXPERTS,
+        num_experts=batch.num_experts,
         block_size=BLOCK_SIZE,
         max_loras=batch.max_loras,
         fixes=align_fixes(ctx),
@@ -107,7 +122,7 @@ def align_problems(label: str, batch: Batch, outputs, prefill) -> list[str | Non
         batch.lora_ids,
         batch.adapter_enabled,
         prefill,
-        num_experts=NUM_EXPERTS,
+        num_experts=batch.num_experts,
         block_size=BLOCK_SIZE,
         max_loras=batch.max_loras,
     )
@@ -138,6 +153,29 @@ def last_slot_rows(ctx: Context) -> str:
             problems += align_problems(label, batch, outputs, prefill)
     expect_all(problems)
     return "4 batches (max_loras 1 and 2, small and large path): every LoRA row matches"
+
+
+def upstream_sizes(ctx: Context) -> str:
+    """The align kernels at upstream's test sizes: 100 tokens, top-k 6 (distinct experts per
+    token), 64 experts (the small path's largest expert count), block size 16; max_loras 2 and
+    32, every slot active, with the base model's -1 among the ids (upstream's own test maps
+    every token to a real id, so a grid one short drops nothing there).
+
+    Sentinel-prefilled outputs vs the reference. Fixed: every row matches. Buggy: the last
+    LoRA's rows keep their sentinels: wrong result, at 64 experts as at 8.
+    """
+    problems = []
+    for max_loras in (2, 32):
+        ids = [-1, *range(max_loras)]
+        batch = make_batch(ctx, 100, ids, max_loras, num_experts=64, top_k=6)
+        outputs = sentinel_outputs(batch, ctx.device)
+        prefill = tuple(t.clone() for t in outputs)
+        run_align(ctx, batch, outputs)
+        problems += align_problems(
+            f"max_loras={max_loras}, 600 pairs, 64 experts:", batch, outputs, prefill
+        )
+    expect_all(problems)
+    return "600 pairs over 64 experts, max_loras 2 and 32: every LoRA row matches"
 
 
 def consumer_poisoned(ctx: Context) -> str:

@@ -1,0 +1,283 @@
+"""Every Triton kernel compiled ahead of time for a GPU target, without a GPU, at the largest and
+boundary shapes of its dispatch domain: a launch that would not compile, or that needs more
+shared memory than the target has, fails here (in the CPU CI), not at run time on a GPU.
+
+Triton's compiler runs on any machine: the launchers are called with CPU tensors of the right
+dtypes and shapes while `KernelInterface.__getitem__` records each launch instead of running
+it; each recorded launch is compiled with `triton.compile` for the target and its
+`metadata.shared` compared with the target's limit. Run it without TRITON_INTERPRET (the
+kernels must be JIT functions, not the interpreter's):
+
+    python -m kernels.resources [--arch 90]     # a line per launch; exit 1 on a violation
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+# the opt-in shared memory per block of each target (bytes)
+SHARED_LIMIT = {90: 232448, 80: 166912}
+DTYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.bool: "i1",
+}
+
+
+@contextlib.contextmanager
+def recorded_launches() -> Iterator[list[tuple[object, tuple, dict]]]:
+    """Inside: `kernel[grid](*args, **kwargs)` records (kernel, args, kwargs), runs nothing."""
+    from triton.runtime.jit import KernelInterface
+
+    launches: list[tuple[object, tuple, dict]] = []
+    original = KernelInterface.__getitem__
+    KernelInterface.__getitem__ = lambda self, grid: (
+        lambda *args, **kwargs: launches.append((self, args, kwargs))
+    )
+    try:
+        yield launches
+    finally:
+        KernelInterface.__getitem__ = original
+
+
+def _arg_type(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + DTYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i64" if abs(value) >= 2**31 else "i32"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton type for {type(value).__name__}")
+
+
+def compile_launch(kernel, args: tuple, kwargs: dict, arch: int):
+    """The compiled kernel of one recorded launch, for sm_`arch`."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    bound = dict(zip(kernel.arg_names, args, strict=False))
+    bound.update({k: v for k, v in kwargs.items() if k in kernel.arg_names})
+    signature, constexprs = {}, {}
+    for i, param in enumerate(kernel.params):
+        value = bound.get(param.name, param.default)
+        if param.is_constexpr:
+            signature[param.name], constexprs[(i,)] = "constexpr", value
+        else:
+            signature[param.name] = _arg_type(value)
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def _empty(*shape: int, dtype=torch.float32) -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype)
+
+
+def _i32(*shape: int) -> torch.Tensor:
+    return torch.empty(*shape, dtype=torch.int32)
+
+
+def _align(num_tokens: int, top_k: int, num_experts: int, max_loras: int) -> None:
+    from kernels.moe_lora_align import align_sizes, moe_lora_align_block_size
+
+    padded, m_blocks = align_sizes(num_tokens * top_k, num_experts, 16)
+    moe_lora_align_block_size(
+        _i32(num_tokens, top_k),
+        _i32(num_tokens),
+        _i32(max_loras + 1),
+        _i32(max_loras + 1),
+        _i32(max_loras, padded),
+        _i32(max_loras, m_blocks),
+        _i32(max_loras),
+        num_experts=num_experts,
+        block_size=16,
+        max_loras=max_loras,
+    )
+
+
+def _fused_moe_lora(hidden: int, rank: int, block_size: int) -> None:
+    from kernels.fused_moe_lora import fused_moe_lora_expand, fused_moe_lora_shrink
+    from kernels.moe_lora_align import align_sizes
+
+    num_tokens, top_k, experts, max_loras = 256, 6, 64, 32
+    padded, m_blocks = align_sizes(num_tokens * top_k, experts, block_size)
+    align = (
+        _i32(max_loras, padded),
+        _i32(max_loras, m_blocks),
+        _i32(max_loras),
+        _i32(max_loras + 1),
+        _i32(max_loras + 1),
+    )
+    shrunk = _empty(num_tokens * top_k, rank)
+    fused_moe_lora_shrink(
+        _empty(num_tokens, hidden),
+        _empty(max_loras, experts, rank, hidden),
+        *align,
+        shrunk,
+        top_k=top_k,
+        block_size=block_size,
+    )
+    fused_moe_lora_expand(
+        shrunk,
+        _empty(max_loras, experts, hidden, rank),
+        *align,
+        _empty(num_tokens * top_k, hidden),
+        scale=1.0,
+        block_size=block_size,
+    )
+
+
+def _lora(hidden: int, rank: int) -> None:
+    from kernels.lora_ops import KernelMeta, lora_expand, lora_shrink
+
+    num_tokens, max_loras, slices = 512, 32, 2
+    meta = KernelMeta(
+        _i32(num_tokens),
+        _i32(num_tokens),
+        _i32(max_loras + 1),
+        _i32(max_loras + 1),
+        _i32(max_loras + 2),
+        torch.tensor([False]),
+        torch.tensor([max_loras], dtype=torch.int32),
+    )
+    buffer = _empty(slices, num_tokens, rank)
+    lora_shrink(
+        _empty(num_tokens, hidden), _empty(slices, max_loras, rank, hidden), buffer, meta, 1.0
+    )
+    lora_expand(
+        buffer, _empty(slices, max_loras, hidden, rank), _empty(num_tokens, slices * hidden), meta
+    )
+
+
+def _attention(heads: int, head_dim: int, max_model_len: int, num_parts: int) -> None:
+    from kernels.paged_attention import paged_attention, reshape_and_cache
+    from kernels.split_kv_attention import combine_splits, plan_schedule, split_kv_attention
+
+    num_tokens, num_reqs, block_size, blocks = 256, 64, 16, 64  # (the cache's length: no shape)
+    q, k_cache = _empty(num_tokens, heads, head_dim), _empty(blocks, block_size, heads, head_dim)
+    table = _i32(num_reqs, max_model_len // block_size)
+    reshape_and_cache(q, q, k_cache, k_cache, torch.empty(num_tokens, dtype=torch.int64))
+    positions = torch.empty(num_tokens, dtype=torch.int64)
+    out = _empty(num_tokens, heads, head_dim)
+    paged_attention(
+        q, k_cache, k_cache, table, _i32(num_tokens), positions, out, 1.0, max_model_len
+    )
+    meta, decode_q = _i32(num_parts, 4), _empty(num_reqs, heads, head_dim)
+    plan_schedule(_i32(num_reqs), meta, _i32(num_reqs))
+    partial_out = _empty(num_parts, num_reqs, heads, head_dim)
+    partial_lse = _empty(num_parts, num_reqs, heads)
+    split_kv_attention(
+        decode_q,
+        k_cache,
+        k_cache,
+        table,
+        _i32(num_reqs),
+        meta,
+        partial_out,
+        partial_lse,
+        1.0,
+        max_model_len,
+    )
+    combine_splits(partial_out, partial_lse, meta, _empty(num_reqs, heads, head_dim))
+
+
+def _block_tables(num_reqs: int, max_num_blocks: int, max_query_len: int) -> None:
+    from kernels.block_table import compute_slot_mappings, gather_block_tables
+
+    i64 = lambda *s: torch.empty(*s, dtype=torch.int64)
+    groups = 2
+    gather_block_tables(
+        _i32(num_reqs),
+        i64(groups),
+        i64(groups),
+        i64(groups),
+        _i32(groups, num_reqs),
+        max_num_blocks,
+    )
+    compute_slot_mappings(
+        _i32(num_reqs + 1),
+        i64(num_reqs * max_query_len),
+        i64(groups),
+        i64(groups),
+        _i32(groups),
+        i64(groups, num_reqs * max_query_len),
+        max_query_len,
+    )
+
+
+# (label, launcher calls): the largest sizes of each domain and each path's boundaries
+SHAPES: list[tuple[str, Callable[[], None]]] = [
+    ("align small path, 1020 pairs, 64 experts, 32 loras", lambda: _align(170, 6, 64, 32)),
+    ("align small path, upstream 600 pairs, 64 experts", lambda: _align(100, 6, 64, 2)),
+    ("align large path, 1024 pairs, 65 experts", lambda: _align(256, 4, 65, 32)),
+    ("align large path, 81920 tokens x 6, 512 experts", lambda: _align(81920, 6, 512, 32)),
+    ("fused moe lora, hidden 4096, rank 64, block 64", lambda: _fused_moe_lora(4096, 64, 64)),
+    ("fused moe lora, hidden 4096, rank 16, block 16", lambda: _fused_moe_lora(4096, 16, 16)),
+    ("lora shrink/expand, hidden 4096, rank 64", lambda: _lora(4096, 64)),
+    ("lora shrink/expand, hidden 4096, rank 8", lambda: _lora(4096, 8)),
+    ("attention, 8 heads x 128, 8192 tokens, 16 parts", lambda: _attention(8, 128, 8192, 16)),
+    ("attention, 32 heads x 128, 32768 tokens, 64 parts", lambda: _attention(32, 128, 32768, 64)),
+    ("block tables, 1024 requests, 2048 blocks", lambda: _block_tables(1024, 2048, 512)),
+]
+
+
+def check(arch: int, out=sys.stdout) -> list[str]:
+    """Compile every launch of every shape for sm_`arch`; the violations (empty: all fit)."""
+    limit, problems = SHARED_LIMIT[arch], []
+    for label, call in SHAPES:
+        with recorded_launches() as launches:
+            try:
+                call()
+            except Exception as error:  # a launcher's own refusal is a violation too
+                problems.append(f"{label}: the launcher refused: {error}")
+                continue
+        for kernel, args, kwargs in launches:
+            name, start = getattr(kernel, "__name__", str(kernel)), time.perf_counter()
+            try:
+                shared = compile_launch(kernel, args, kwargs, arch).metadata.shared
+            except Exception as error:
+                problems.append(f"{label}: {name} does not compile: {str(error)[:300]}")
+                print(f"{label:52} {name:32} FAILS TO COMPILE", file=out)
+                continue
+            verdict = "ok" if shared <= limit else f"OVER the {limit} limit"
+            seconds = time.perf_counter() - start
+            print(
+                f"{label:52} {name:32} {shared:7} B shared  {verdict}  ({seconds:.1f}s)", file=out
+            )
+            if shared > limit:
+                problems.append(f"{label}: {name} needs {shared} bytes of shared memory")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m kernels.resources", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--arch", type=int, default=90, choices=sorted(SHARED_LIMIT))
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print(
+            "unset TRITON_INTERPRET: the kernels must be compiled, not interpreted", file=sys.stderr
+        )
+        return 2
+    problems = check(args.arch)
+    for problem in problems:
+        print(f"VIOLATION {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

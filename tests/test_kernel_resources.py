@@ -1,0 +1,74 @@
+"""Resource limits seen without a GPU: every Triton kernel compiled ahead of time for sm_90 at
+the largest and boundary shapes of its domain (kernels/resources.py) fits the H100's shared
+memory; the check catches the one-hot tile the H100 refused; launchers refuse sizes their
+kernels cannot serve with a clear error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from harness.isolate import ROOT
+from kernels.paged_attention import reshape_and_cache
+from kernels.split_kv_attention import plan_schedule
+
+OLD_TILE = """
+from kernels import resources
+with resources.recorded_launches() as launches:
+    resources._align(100, 6, 64, 2)  # upstream's 600 pairs over 64 experts: the small path
+kernel, args, kwargs = launches[0]
+kwargs = {**kwargs, "CHUNK": 1024}  # the untiled [next_pow2(600), 64] one-hot of before
+print(kernel.__name__, resources.compile_launch(kernel, args, kwargs, 90).metadata.shared)
+"""
+
+
+def _compiled(args: list[str]) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture
+def cpu_only(device) -> None:
+    if device == "cuda":
+        pytest.skip("the CPU CI's check: on a GPU the kernels compile for real")
+
+
+def test_every_kernel_fits_an_h100_at_its_largest_shapes(cpu_only) -> None:
+    done = _compiled(["-m", "kernels.resources", "--arch", "90"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    for kernel in (
+        "_small_batch_kernel",
+        "_align_kernel",
+        "_fused_moe_lora_kernel",
+        "_lora_shrink_kernel",
+        "_paged_attention_kernel",
+        "_split_kv_kernel",
+        "_combine_kernel",
+        "_gather_block_tables_kernel",
+    ):
+        assert kernel in done.stdout, f"{kernel} not compiled:\n{done.stdout}"
+
+
+@pytest.mark.moe_align_grid
+def test_the_check_sees_the_tile_the_h100_refused(cpu_only) -> None:
+    done = _compiled(["-c", OLD_TILE])
+    assert done.returncode == 0, done.stderr
+    name, shared = done.stdout.split()[-2:]
+    assert name == "_small_batch_kernel" and int(shared) == 262144  # the H100's error's figure
+
+
+def test_launchers_refuse_sizes_their_kernels_cannot_serve(device) -> None:
+    heads_12 = torch.zeros(4, 12, 128, device=device)  # 1536 columns: no power of two
+    cache = torch.zeros(2, 4, 12, 128, device=device)
+    slots = torch.zeros(4, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="num_heads \\* head_dim = 1536: must be a power of two"):
+        reshape_and_cache(heads_12, heads_12, cache, cache, slots)
+    i32 = dict(dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="num_parts = 6"):
+        plan_schedule(torch.ones(4, **i32), torch.empty(6, 4, **i32), torch.empty(4, **i32))
