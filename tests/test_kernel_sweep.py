@@ -13,12 +13,11 @@ from kernels.block_table import gather_block_tables, gather_block_tables_referen
 from kernels.lora_ops import lora_expand, lora_expand_reference, lora_shrink, lora_shrink_reference
 from kernels.paged_attention import paged_attention, paged_attention_reference
 from kernels.split_kv_attention import (
-    combine_splits,
     plan_schedule,
-    split_kv_attention,
     split_kv_attention_reference,
 )
 from tests.test_lora_ops import make_meta
+from tests.test_split_kv_attention import split_and_combine
 
 GPU_ONLY = pytest.mark.gpu
 
@@ -99,23 +98,8 @@ def test_attention_at_size(device, heads, dim, lengths, num_parts) -> None:
     # split-KV: plan, split, combine
     meta = torch.empty(num_parts, 4, dtype=torch.int32, device=device)
     plan_schedule(dev(seq_lens), meta, torch.empty(len(lengths), dtype=torch.int32, device=device))
-    partial_out = torch.full((num_parts, len(lengths), heads, dim), float("nan"), device=device)
-    partial_lse = torch.full((num_parts, len(lengths), heads), float("nan"), device=device)
-    split_kv_attention(
-        dev(q),
-        dev(k_cache),
-        dev(v_cache),
-        dev(table),
-        dev(seq_lens),
-        meta,
-        partial_out,
-        partial_lse,
-        dim**-0.5,
-        max_len,
-    )
-    combined = torch.empty(len(lengths), heads, dim, device=device)
-    combine_splits(partial_out, partial_lse, meta, combined)
-    torch.testing.assert_close(combined.cpu().double(), expected, rtol=1e-4, atol=1e-5)
+    combined = split_and_combine(device, q, k_cache, v_cache, table, seq_lens, meta, max_len)
+    torch.testing.assert_close(combined, expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.block_table_wake

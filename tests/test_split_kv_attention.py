@@ -34,13 +34,14 @@ def _cache(device, lengths, seed=4):
     return q, k_cache, v_cache, table
 
 
-def _attend(device, q, k_cache, v_cache, table, seq_lens, meta):
+def split_and_combine(device, q, k_cache, v_cache, table, seq_lens, meta, max_len=MAX_LEN):
+    """Split (into NaN-sentinel partials) and combine with plan `meta`: [reqs, heads, dim]."""
     dev = lambda t: t.to(device)
-    parts = meta.shape[0]
+    parts, (reqs, heads, dim) = meta.shape[0], q.shape
     # NaN sentinels: the combine must read only the slots the plan's parts wrote
-    partial_out = torch.full((parts, q.shape[0], HEADS, DIM), float("nan"), device=device)
-    partial_lse = torch.full((parts, q.shape[0], HEADS), float("nan"), device=device)
-    out = torch.empty(q.shape[0], HEADS, DIM, device=device)
+    partial_out = torch.full((parts, reqs, heads, dim), float("nan"), device=device)
+    partial_lse = torch.full((parts, reqs, heads), float("nan"), device=device)
+    out = torch.empty(reqs, heads, dim, device=device)
     split_kv_attention(
         dev(q),
         dev(k_cache),
@@ -50,8 +51,8 @@ def _attend(device, q, k_cache, v_cache, table, seq_lens, meta):
         meta,
         partial_out,
         partial_lse,
-        DIM**-0.5,
-        MAX_LEN,
+        dim**-0.5,
+        max_len,
     )
     combine_splits(partial_out, partial_lse, meta, out)
     return out.cpu().double()
@@ -74,7 +75,7 @@ def test_split_and_combine_match_dense_attention(device, lengths) -> None:
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
     meta = torch.empty(NUM_PARTS, 4, dtype=torch.int32, device=device)
     plan_schedule(seq_lens, meta, torch.empty(len(lengths), dtype=torch.int32, device=device))
-    got = _attend(device, q, k_cache, v_cache, table, seq_lens.cpu(), meta)
+    got = split_and_combine(device, q, k_cache, v_cache, table, seq_lens.cpu(), meta)
     expected = split_kv_attention_reference(q, k_cache, v_cache, table, seq_lens.cpu(), DIM**-0.5)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
@@ -89,6 +90,6 @@ def test_a_plan_for_other_lengths_gives_a_wrong_result(device) -> None:
         torch.empty(4, dtype=torch.int32, device=device),
     )  # warm-up lengths
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
-    got = _attend(device, q, k_cache, v_cache, table, seq_lens, stale)
+    got = split_and_combine(device, q, k_cache, v_cache, table, seq_lens, stale)
     expected = split_kv_attention_reference(q, k_cache, v_cache, table, seq_lens, DIM**-0.5)
     assert not torch.allclose(got, expected, rtol=1e-3, atol=1e-3)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from harness.record import Mutant
 from repro.capture_first_call import PART
+from repro.lazy_attn_state.mutants import FRESH, GRAPHS
 
-GRAPHS = "harness/runner/cudagraph.py"
 CONDITION = (
     "            if desc.cg_mode == CUDAGraphMode.FULL and Fix.CAPTURE_PREWARM in self.fixes:"
 )
 CALL = "                create_forward_fn(desc)[0](desc.cg_mode)  # eagerly, on a disposable state"
-FRESH = "                forward_fn, attn_state = create_forward_fn(desc, warmup=False)"
 
 MUTANTS = (
     Mutant(

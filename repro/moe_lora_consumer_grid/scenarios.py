@@ -80,6 +80,14 @@ def _consume(ctx, x, lora_a, lora_b, aligned, lora_ids, enabled, shrunk_in):
     return shrunk, expanded
 
 
+def _outputs(label: str, outputs, references) -> list[str | None]:
+    """Shrink and expand outputs vs their float64 references."""
+    return [
+        mismatch(f"{label} {what} output", got.double(), want)
+        for what, got, want in zip(("shrink", "expand"), outputs, references, strict=True)
+    ]
+
+
 def _references(x, lora_a, lora_b, topk, owners, enabled):
     shrunk = fused_moe_lora_shrink_reference(
         x, lora_a, topk, owners, enabled, torch.full((NUM_TOKENS * TOP_K, RANK), SHRINK_PREFILL)
@@ -114,11 +122,11 @@ def last_slot_pairs(ctx: Context) -> str:
         aligned = _aligned(topk, owners, lora_ids, enabled, max_loras, prefill)
         shrunk_ref, expanded_ref = _references(x, lora_a, lora_b, topk, owners, enabled)
         shrunk, expanded = _consume(ctx, x, lora_a, lora_b, aligned, lora_ids, enabled, shrunk_ref)
-        label = f"max_loras={max_loras}, lora_ids={lora_ids.tolist()}:"
-        problems += [
-            mismatch(f"{label} shrink output", shrunk.double(), shrunk_ref),
-            mismatch(f"{label} expand output", expanded.double(), expanded_ref),
-        ]
+        problems += _outputs(
+            f"max_loras={max_loras}, lora_ids={lora_ids.tolist()}:",
+            (shrunk, expanded),
+            (shrunk_ref, expanded_ref),
+        )
     expect_all(problems)
     return "max_loras 1 and 2: every LoRA's pairs shrunk and expanded as the reference"
 
@@ -153,11 +161,7 @@ def stray_lora_id(ctx: Context) -> str:
         views = [g.view for g in guarded]
         inputs = (x, weights[0].view, weights[1].view, views, lora_ids, enabled, shrunk_ref)
         shrunk, expanded = _consume(ctx, *inputs)
-        label = f"stray id {stray}:"
-        problems += [
-            mismatch(f"{label} shrink output", shrunk.double(), shrunk_ref),
-            mismatch(f"{label} expand output", expanded.double(), expanded_ref),
-        ]
+        problems += _outputs(f"stray id {stray}:", (shrunk, expanded), (shrunk_ref, expanded_ref))
     expect_all(problems)
     return "stray ids 1 and 5 skipped by both kernels; lora 0's pairs match; pair 0 untouched"
 
