@@ -114,6 +114,16 @@ def noop(ctx: Context) -> str:
     return "nothing"
 
 
+def cuda_context(ctx: Context) -> str:
+    """Not a scenario: a child that only makes its CUDA context, the least a cuda run costs
+    (`repro bench`: one GPU takes only so many of these a second, however many run at once)."""
+    if ctx.device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+    return "context made" if ctx.device == "cuda" else "nothing (cpu)"
+
+
 def prepare_cuda(ctx: Context) -> str:
     """Not a scenario: build (or load) every csrc extension once, before scenario children
     race to build them under their own time limits."""

@@ -20,18 +20,34 @@ CHOICES = ("cpu", "cuda", "auto")
 ENV_DEVICE = "REPRO_DEVICE"
 
 
-def torch_cuda_version() -> str | None:
-    """The CUDA version the installed torch was built with (None: a CPU build, or no torch),
-    read from torch/version.py without importing torch."""
+def _torch_version_file() -> str:
+    """torch/version.py of the installed torch ("" when there is none), read without importing."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
-        return None
+        return ""
     try:
-        text = (Path(spec.submodule_search_locations[0]) / "version.py").read_text()
+        return (Path(spec.submodule_search_locations[0]) / "version.py").read_text()
     except OSError:
-        return None
-    found = re.search(r"^cuda\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+        return ""
+
+
+def _version_field(name: str) -> str | None:
+    found = re.search(
+        rf"^{name}\b[^=]*=\s*['\"]([^'\"]+)['\"]", _torch_version_file(), re.MULTILINE
+    )
     return found.group(1) if found else None
+
+
+def torch_version() -> str | None:
+    """torch.__version__ of the installed torch (with its local part, e.g. 2.11.0+cu130, which
+    the package metadata may lack), without importing torch."""
+    return _version_field("__version__")
+
+
+def torch_cuda_version() -> str | None:
+    """The CUDA version the installed torch was built with (None: a CPU build, or no torch),
+    without importing torch."""
+    return _version_field("cuda")
 
 
 def _machine_gpus() -> list[str]:

@@ -10,6 +10,14 @@ environment the request carries (the client's), on the GPU it names. So a warm s
 stale project code, whoever started it and whatever was checked out since. Nothing here asks
 torch about devices: torch.cuda.is_available() would poison every later fork for CUDA.
 
+What every child would repeat and is CUDA-free is done once, before any fork (_preload): Triton's
+own cache key (a hash of its compiler and its library: 0.4 s per child on an H100 machine) and the
+modules its compiler imports at the first launch. A warm cuda server also keeps one spare child
+per GPU ahead of the next request: forked in the environment of the request before it, the spare
+creates its CUDA context and waits; a request with that same environment and GPU takes it (its
+clock starts then), any other request gets a fresh fork. The context is made before any project
+module is imported and nothing is allocated, so a spare runs a scenario as a fresh child would.
+
 Protocol: JSON lines over each connection; stdout and stderr are only a log, so a library that
 prints cannot break it.
   in:  {"id": N, "root": DIR, "request": {...}}   (the child's request, see harness.child)
@@ -39,7 +47,7 @@ import time
 from harness import lifetime
 
 PROJECT_PACKAGES = ("harness", "kernels", "repro", "tests")
-PROTOCOL = 2  # bumped with any change of the messages: a client replaces an older warm server
+PROTOCOL = 3  # bumped with any change of the messages: a client replaces an older warm server
 
 
 def _preload(device: str) -> dict[str, str]:
@@ -51,7 +59,20 @@ def _preload(device: str) -> dict[str, str]:
     import torch  # noqa: F401
     import triton  # noqa: F401
 
+    _prime_triton(device)
     return installed_versions()
+
+
+def _prime_triton(device: str) -> None:
+    """Triton's per-process work that every child would repeat, none of it touching CUDA."""
+    with contextlib.suppress(ImportError):  # imported by the compiler at the first launch
+        import triton.experimental.gluon  # noqa: F401
+    if device == "cuda":  # the interpreter never compiles
+        from triton.runtime import cache
+
+        key = getattr(cache, "triton_key", None)  # cached per process
+        if key is not None:
+            key()
 
 
 def installed_versions() -> dict[str, str]:
@@ -67,31 +88,68 @@ def _fresh_project(root: str) -> None:
     sys.path[:] = [root, *(p for p in sys.path if p not in ("", root))]
 
 
+def _detach(request: dict, server_pid: int, keep: tuple[int, ...] = ()) -> None:
+    """In a forked child: its own session, dying with the server, the client's environment and
+    GPU (before anything initializes CUDA), nothing inherited but `keep`."""
+    os.setsid()
+    lifetime.die_with_parent(server_pid)
+    if "env" in request:
+        os.environ.clear()
+        os.environ.update(request["env"])
+    if request.get("gpu") is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = request["gpu"]
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    lifetime.close_inherited_fds((0, 1, 2, *keep))
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _run(message: dict, started: float) -> None:
+    """In a detached child: output to the request's log, the project from its root, run."""
+    request = message["request"]
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    _fresh_project(message["root"])
+    from harness.child import main
+
+    main(request, started)
+
+
 def _child(message: dict, server_pid: int) -> None:
-    """In the forked child: detach, take the client's environment, redirect output to the log,
-    run; never returns."""
+    """In the forked child: detach, run; never returns."""
     started = time.monotonic()
     try:
-        os.setsid()
-        lifetime.die_with_parent(server_pid)
-        request = message["request"]
-        if "env" in request:
-            os.environ.clear()
-            os.environ.update(request["env"])
-        if request.get("gpu") is not None:  # before anything initializes CUDA
-            os.environ["CUDA_VISIBLE_DEVICES"] = request["gpu"]
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        lifetime.close_inherited_fds()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        _fresh_project(message["root"])
-        from harness.child import main
-
-        main(request, started)
+        _detach(message["request"], server_pid)
+        _run(message, started)
     finally:
         os._exit(70)  # only reached if the child's own code broke
+
+
+def _spare(request: dict, server_pid: int, fd: int) -> None:
+    """A spare child: detach as `request` would, create the CUDA context, then run the message
+    the server writes to `fd` (EOF: not needed after all); never returns."""
+    line = b""
+    try:
+        _detach(request, server_pid, keep=(fd,))
+        with contextlib.suppress(Exception):  # a child that cannot init CUDA says so itself
+            import torch
+
+            torch.cuda.init()
+            torch.cuda.synchronize()  # the primary context; the caching allocator untouched
+        with os.fdopen(fd, "rb") as pipe:
+            line = pipe.readline()
+        if line.endswith(b"\n"):
+            _run(json.loads(line), time.monotonic())
+    finally:
+        os._exit(70 if line.endswith(b"\n") else 0)
+
+
+def _env_key(request: dict) -> str:
+    """What a spare must share with the request it serves: its environment and GPU."""
+    return json.dumps([request.get("env"), request.get("gpu")], sort_keys=True)
 
 
 def _send(sock: socket.socket, message: dict) -> bool:
@@ -112,10 +170,13 @@ class _Connection:
 class _Server:
     """The event loop: connections, their requests, and their children's exits."""
 
-    def __init__(self, versions: dict[str, str], listener: socket.socket | None = None) -> None:
+    def __init__(
+        self, versions: dict[str, str], listener: socket.socket | None = None, spares: bool = False
+    ) -> None:
         self.versions, self.listener, self.pid = versions, listener, os.getpid()
         self.selector = selectors.DefaultSelector()
         self.connections: set[_Connection] = set()
+        self.spares: dict[str, tuple[int, int, int]] | None = {} if spares else None
         self.last_active, self.stopping = time.monotonic(), False
         if listener is not None:
             self.selector.register(listener, selectors.EVENT_READ, "listener")
@@ -149,6 +210,8 @@ class _Server:
                 elif isinstance(key.data, _Connection):
                     if key.data in self.connections:  # not dropped earlier in this round
                         self._read(key.data)
+                elif isinstance(key.data, str):  # a spare that exited unused
+                    self._discard_spare(key.data)
                 elif key.data[1] in key.data[0].children:
                     self._reaped(*key.data)
             if path is None and not self.connections:
@@ -157,6 +220,8 @@ class _Server:
                 return
         for conn in list(self.connections):
             self.drop(conn)
+        for key in list(self.spares or ()):
+            self._discard_spare(key)
 
     def _should_exit(self, idle_s: float | None, path: str) -> bool:
         """Idle (no client, so no child) for idle_s, or the socket file was removed."""
@@ -180,17 +245,66 @@ class _Server:
             self._fork(conn, message)
 
     def _fork(self, conn: _Connection, message: dict) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(message, self.pid)
-        pidfd = os.pidfd_open(pid)
+        pid, pidfd = self._take_spare(message)
+        if pid is None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(message, self.pid)
+            pidfd = os.pidfd_open(pid)
         conn.children[pidfd] = (message["id"], pid)
         self.selector.register(pidfd, selectors.EVENT_READ, (conn, pidfd))
         self.last_active = time.monotonic()
         if not _send(conn.sock, {"id": message["id"], "pid": pid}):
             self.drop(conn)
+            return
+        self._make_spare(message["request"])
+
+    # -- spares (a warm cuda server) --------------------------------------------------------------
+
+    def _take_spare(self, message: dict) -> tuple[int | None, int | None]:
+        """(pid, pidfd) of the spare that now runs `message`; (None, None) when none fits."""
+        key = _env_key(message["request"])
+        if not self.spares or key not in self.spares:
+            return None, None
+        pid, pidfd, fd = self.spares.pop(key)
+        self.selector.unregister(pidfd)
+        try:
+            with os.fdopen(fd, "wb") as pipe:
+                pipe.write((json.dumps(message) + "\n").encode())
+        except OSError:  # it died meanwhile: reap it, fork afresh
+            os.waitpid(pid, 0)
+            os.close(pidfd)
+            return None, None
+        return pid, pidfd
+
+    def _make_spare(self, request: dict) -> None:
+        """A spare for the next request like this one, unless one waits already."""
+        key = _env_key(request)
+        if self.spares is None or key in self.spares:
+            return
+        for other in [k for k in self.spares if json.loads(k)[1] == request.get("gpu")]:
+            self._discard_spare(other)  # one spare per GPU: the newest environment wins
+        read, write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(write)
+            _spare(request, self.pid, read)
+        os.close(read)
+        pidfd = os.pidfd_open(pid)
+        self.spares[key] = (pid, pidfd, write)
+        self.selector.register(pidfd, selectors.EVENT_READ, key)
+
+    def _discard_spare(self, key: str) -> None:
+        pid, pidfd, fd = self.spares.pop(key)
+        self.selector.unregister(pidfd)
+        os.close(fd)  # EOF: a waiting spare exits
+        lifetime.kill_group(pid)
+        os.waitpid(pid, 0)
+        os.close(pidfd)
 
     def _reaped(self, conn: _Connection, pidfd: int) -> None:
         rid, pid = conn.children.pop(pidfd)
@@ -223,7 +337,7 @@ def serve_warm(device: str, path: str, idle_s: float) -> None:
     os.chmod(path, 0o600)
     listener.listen(64)
     try:
-        _Server(versions, listener).run(idle_s, path)
+        _Server(versions, listener, spares=device == "cuda").run(idle_s, path)
     finally:
         listener.close()
         with contextlib.suppress(FileNotFoundError):

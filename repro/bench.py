@@ -6,7 +6,10 @@ it prints what it measured; compare the JSON between commits or machines.
 
 Figures (median of N runs): usage error, `repro list`, `repro check` of one scenario cold (a
 private server) and warm (`repro serve` running), the overhead of one child that does nothing
-(warm), and `repro matrix --each-part` on the device (warm).
+(warm), and `repro matrix --each-part` on the device (warm). On a GPU also the matrix's floor:
+its number of runs times the time per child that only makes a CUDA context, measured four at
+once (a GPU takes only so many new contexts a second, however many processes ask: about 5.5 on
+the H100 machine we measured; a run in its own process cannot cost less).
 """
 
 from __future__ import annotations
@@ -53,13 +56,13 @@ def _floor(device: str) -> list[str]:
     return [sys.executable, "-c", "import torch, triton" + init]
 
 
-def _child_overhead(device: str, repeat: int) -> float:
-    """Seconds per child that does nothing, the server already warm."""
-    job = Job("bench", "noop", "harness.child:noop", ALL_FIXES, device, 60.0)
+def _per_child(device: str, repeat: int, target: str, workers: int) -> float:
+    """Seconds per child running `target`, `workers` at once, the server already warm."""
+    job = Job("bench", target, target, ALL_FIXES, device, 60.0)
     with Isolator("fork") as isolator:
         isolator.run(job)  # the server's start is not a child's cost
         start = time.monotonic()
-        isolator.run_all([job] * (4 * repeat), workers=1)
+        isolator.run_all([job] * (4 * repeat), workers=workers)
         return (time.monotonic() - start) / (4 * repeat)
 
 
@@ -88,9 +91,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:
             figures["check_warm"] = _median([*repro, *CHECK, "--device", device], warm, args.repeat)
             os.environ[ENV_SERVER_DIR], os.environ[ENV_SERVER] = tmp, "auto"
-            figures["child_overhead"] = _child_overhead(device, args.repeat)
-            matrix = [*repro, "matrix", "--each-part", "--device", device]
+            figures["child_overhead"] = _per_child(device, args.repeat, "harness.child:noop", 1)
+            runs = Path(tmp) / "matrix.json"
+            matrix = [*repro, "matrix", "--each-part", "--device", device, "--json", str(runs)]
             figures["matrix_each_part"] = _timed(matrix, warm)
+            if device == "cuda":
+                context = _per_child(device, args.repeat, "harness.child:cuda_context", 4)
+                count = len(json.loads(runs.read_text())["results"]) if runs.exists() else 0
+                figures["matrix_floor"] = count * context
         finally:
             subprocess.run([*repro, "serve", "--device", device, "--stop"], **quiet)
     return _report(device, figures, args.json)

@@ -194,15 +194,13 @@ def prepare(isolator: Isolator, device: str) -> str | None:
 
 def _builds_fresh() -> bool:
     """Every csrc build is fresh for the installed torch: no build child needed (a child still
-    loads them; a stale or missing one is built by the child above)."""
-    from importlib.metadata import PackageNotFoundError, version
-
+    loads them; a stale or missing one is built by the child above). The versions are torch's
+    own (torch/version.py): the cache is named after torch.__version__, which can differ from
+    the package metadata's version (a local part such as +cu130)."""
     from kernels import csrc  # NOTE: torch-free at import; cache_dir needs the versions given
 
-    try:
-        return csrc.all_fresh(version("torch"), devices.torch_cuda_version())
-    except PackageNotFoundError:
-        return False
+    version = devices.torch_version()
+    return version is not None and csrc.all_fresh(version, devices.torch_cuda_version())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ torch nor for starting a server.
     repro serve --stop                                       stop it
 
 The server imports torch, Triton and numpy, never initializes CUDA, and listens on a socket in
-this user's directory (mode 0700). `run`, `check`, `matrix` and `mutants` use it when it runs
-(unless $REPRO_SERVER=off) and start a private server otherwise. Its children import the
+this user's directory (mode 0700). A cuda server keeps one spare child per GPU with its CUDA
+context made (holding that GPU's context memory while it waits) for the next request from the
+same environment (harness.forkserver). `run`, `check`, `matrix` and `mutants` use it when it
+runs (unless $REPRO_SERVER=off) and start a private server otherwise. Its children import the
 project from the caller's tree after the fork, in the caller's environment: a server started
 before a `git checkout` runs the new code after it. One whose torch, Triton or numpy version no
 longer matches the installed one, or whose protocol is older, is stopped and replaced. It exits

@@ -23,3 +23,17 @@ def test_builds_are_fresh_only_when_newer_than_every_input(monkeypatch, tmp_path
     first = directory / next(iter(csrc.EXTENSIONS))
     os.utime(next(first.iterdir()), (stale, stale))
     assert not csrc.all_fresh("9.9.9", "99.0"), "an input newer than a build makes it stale"
+
+
+def test_the_cli_names_the_cache_the_children_build_in() -> None:
+    """The CLI reads torch's versions without importing torch; a child names its cache after
+    the imported torch. They must agree, or every check runs a build child it does not need
+    (a torch whose package metadata lacks the local part, 2.11.0 for 2.11.0+cu130, did)."""
+    import torch
+
+    from harness import device as devices
+
+    assert devices.torch_version() == torch.__version__
+    assert devices.torch_cuda_version() == torch.version.cuda
+    without_torch = csrc.cache_dir(devices.torch_version(), devices.torch_cuda_version())
+    assert without_torch == csrc.cache_dir()

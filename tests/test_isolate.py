@@ -212,3 +212,12 @@ def test_killed_parent_takes_server_and_hanging_children_with_it(mode) -> None:
     assert procs.survivors(tag) == []
     with Isolator(mode):  # (another test's Isolator may have swept it already)
         assert not any(d.exists() for d in left), "the next Isolator sweeps it"
+
+
+@pytest.mark.parametrize("target", ["harness.child:noop", "harness.child:cuda_context"])
+def test_the_bench_children_pass_on_the_device(device, target) -> None:
+    """`repro bench` times these two (a child that does nothing; one that only makes its CUDA
+    context): a broken one would time a failure."""
+    with Isolator("fork") as isolator:
+        result = isolator.run(Job("bench", target, target, ALL_FIXES, device, 60.0))
+    assert result.outcome == Outcome.PASS, result.evidence

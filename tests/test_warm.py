@@ -92,3 +92,52 @@ def test_cuda_children_are_spread_over_the_callers_gpus(monkeypatch) -> None:
     assert sorted(r.gpu for r in results) == ["3", "3", "5", "5"]
     for r in results:  # here no GPU answers: each child says which one it was given
         assert r.outcome == Outcome.SKIPPED and f"CUDA_VISIBLE_DEVICES={r.gpu}" in r.evidence
+
+
+def _children(pid: int) -> set[int]:
+    """The live children of `pid` (a warm server's spares, when none of its runs is left)."""
+    found = {int(p.name) for p in procs.Path("/proc").iterdir() if p.name.isdigit()}
+    return {child for child in found if procs.parent_of(child) == pid}
+
+
+def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tmp_path) -> None:
+    """A warm cuda server forks a spare (CUDA context made, no project imported) after each
+    request; the next request with the same environment and GPU runs in it, any other gets a
+    fresh fork and the spare is replaced. Here without a GPU the children say so (skipped)."""
+    isolate.start_warm("cuda", 120.0)
+    client = procs.wait_until(lambda: isolate._Server.connect("cuda"), 120.0, 0.2)
+    assert client is not None, "the warm cuda server did not start"
+    job = Job("test", "passes", "tests.children:passes", ALL_FIXES, "cuda", 60)
+    env = isolate._child_env()
+
+    def run(rid: int, env: dict) -> tuple[int, dict]:
+        directory = tmp_path / f"job-{rid}"
+        directory.mkdir()
+        request = {**job.request(directory), "env": env, "gpu": None}
+        assert client.send({"id": rid, "root": str(procs.ROOT), "request": request})
+        pid, returncode = None, None
+        while returncode is None:
+            for message in client.receive() or pytest.fail("the server went away"):
+                pid = message.get("pid", pid)
+                returncode = message.get("returncode", returncode)
+        assert returncode == 0
+        return pid, isolate._read_report(directory / "report.json")
+
+    try:
+        first_pid, first = run(1, env)
+        spare = procs.wait_until(lambda: _children(client.pid))
+        assert spare and len(spare) == 1, f"no single spare after a request: {spare}"
+        (spare,) = spare
+        assert first_pid != spare
+        second_pid, second = run(2, env)
+        assert second_pid == spare, "a like request did not run in the spare"
+        assert second["status"] == first["status"] and second["status"] in ("pass", "skipped")
+        (spare,) = procs.wait_until(lambda: _children(client.pid))
+        third_pid, third = run(3, {**env, "REPRO_TEST_OTHER": "1"})
+        assert third_pid != spare, "a spare ran a request of another environment"
+        assert third["status"] == first["status"]
+        assert spare not in _children(client.pid), "the spare of the other environment stays"
+        assert procs.wait_until(lambda: _children(client.pid)), "no spare for the new one"
+    finally:
+        client.send({"stop": True})
+        client.sock.close()
