@@ -68,25 +68,32 @@ def moe_lora_align_reference(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Expected (sorted_token_ids, expert_ids, num_tokens_post_pad) given the prefilled outputs.
 
-    Rows of unprocessed ids keep their prefill; within an expert, pairs ascend.
+    Rows of unprocessed ids keep their prefill; within an expert, pairs ascend. Pairs whose
+    expert is outside [0, num_experts) are in no block. Vectorized per row: upstream's largest
+    shape (81920 tokens, 512 experts, 32 LoRAs) takes well under a second.
     """
     sorted_ids, expert_ids, post_pad = (t.detach().cpu().clone() for t in prefill)
     experts = topk_ids.detach().cpu().reshape(-1).long()
     owners = token_lora_mapping.detach().cpu().long().repeat_interleave(topk_ids.shape[1])
     numel = experts.numel()
     for lid in processed_lora_ids(lora_ids.cpu(), adapter_enabled.cpu(), max_loras):
-        row, blocks, pos = [], [], 0
-        for e in range(num_experts):
-            pairs = torch.nonzero((owners == lid) & (experts == e)).flatten().tolist()
-            padded = triton.cdiv(len(pairs), block_size) * block_size
-            row += pairs + [numel] * (padded - len(pairs))
-            blocks += [e] * (padded // block_size)
-            pos += padded
+        pairs = torch.nonzero((owners == lid) & (experts >= 0) & (experts < num_experts))
+        pairs = pairs.flatten()  # ascending
+        mine, order = torch.sort(experts[pairs], stable=True)  # by expert, pairs still ascending
+        pairs = pairs[order]
+        counts = torch.bincount(mine, minlength=num_experts)
+        padded = (counts + block_size - 1) // block_size * block_size
+        first = torch.cumsum(counts, 0) - counts  # where each expert's pairs start in `pairs`
+        start = torch.cumsum(padded, 0) - padded  # where its segment starts in the row
+        total = int(padded.sum())
+        row = torch.full((total,), numel, dtype=sorted_ids.dtype)
+        row[start[mine] + torch.arange(len(pairs)) - first[mine]] = pairs.to(row.dtype)
+        blocks = torch.repeat_interleave(torch.arange(num_experts), padded // block_size)
         sorted_ids[lid] = numel
-        sorted_ids[lid, : len(row)] = torch.tensor(row, dtype=sorted_ids.dtype)
+        sorted_ids[lid, :total] = row
         expert_ids[lid] = -1
-        expert_ids[lid, : len(blocks)] = torch.tensor(blocks, dtype=expert_ids.dtype)
-        post_pad[lid] = pos
+        expert_ids[lid, : len(blocks)] = blocks.to(expert_ids.dtype)
+        post_pad[lid] = total
     return sorted_ids, expert_ids, post_pad
 
 

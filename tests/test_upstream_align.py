@@ -70,14 +70,17 @@ def _align(device, backend, topk, mapping, lora_ids, enabled, prefill, num_exper
 
 
 def _upstream_assertion(topk: torch.Tensor, outputs) -> None:
-    """Every non-padding entry of a block belongs to that block's expert."""
+    """Every non-padding entry of a block belongs to that block's expert (vectorized per row)."""
     sorted_ids, expert_ids, post_pad = outputs
     flat, numel = topk.flatten(), topk.numel()
     for row in range(sorted_ids.shape[0]):
-        for block in range(int(post_pad[row]) // BLOCK_SIZE):
-            entries = sorted_ids[row, block * BLOCK_SIZE : (block + 1) * BLOCK_SIZE]
-            entries = entries[entries < numel].long()
-            assert (flat[entries] == expert_ids[row, block]).all(), f"row {row} block {block}"
+        blocks = int(post_pad[row]) // BLOCK_SIZE
+        entries = sorted_ids[row, : blocks * BLOCK_SIZE].view(blocks, BLOCK_SIZE).long()
+        real = entries < numel
+        assert (entries[real] >= 0).all(), f"row {row}: a negative entry"
+        owner = expert_ids[row, :blocks].long().unsqueeze(1).expand(blocks, BLOCK_SIZE)
+        wrong = real & (flat[entries.clamp(0, numel - 1)] != owner)
+        assert not wrong.any(), f"row {row} block {int(wrong.any(1).nonzero()[0])}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
