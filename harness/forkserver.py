@@ -128,12 +128,12 @@ def _child(message: dict, server_pid: int) -> None:
         os._exit(70)  # only reached if the child's own code broke
 
 
-def _spare(request: dict, server_pid: int, fd: int) -> None:
+def _spare_main(request: dict, server_pid: int, fd: int) -> None:
     """A spare child: detach as `request` would, create the CUDA context, then run the message
     the server writes to `fd` (EOF: not needed after all); never returns."""
     line = b""
     try:
-        _detach(request, server_pid, keep=(fd,))
+        _detach(request, server_pid, keep=(fd,))  # closes the server's end of the pipe
         with contextlib.suppress(Exception):  # a child that cannot init CUDA says so itself
             import torch
 
@@ -147,9 +147,47 @@ def _spare(request: dict, server_pid: int, fd: int) -> None:
         os._exit(70 if line.endswith(b"\n") else 0)
 
 
-def _env_key(request: dict) -> str:
-    """What a spare must share with the request it serves: its environment and GPU."""
-    return json.dumps([request.get("env"), request.get("gpu")], sort_keys=True)
+def _fork(run, *args) -> int:
+    """fork(); the child calls run(*args), which never returns. Output flushed first, so the
+    child does not repeat the server's buffered log."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        run(*args)
+    return pid
+
+
+class _Spare:
+    """A spare child waiting for its request on a pipe (a warm cuda server, one per GPU)."""
+
+    def __init__(self, request: dict, server_pid: int) -> None:
+        self.gpu = request.get("gpu")
+        self.env = request.get("env")  # it serves only requests with this environment
+        read, self.fd = os.pipe()
+        self.pid = _fork(_spare_main, request, server_pid, read)
+        os.close(read)
+        self.pidfd = os.pidfd_open(self.pid)
+
+    def fits(self, request: dict) -> bool:
+        return request.get("env") == self.env
+
+    def hand_over(self, message: dict) -> bool:
+        """Write it the message (then it runs it); False when it died meanwhile."""
+        pipe, self.fd = os.fdopen(self.fd, "wb"), None
+        try:
+            with pipe:
+                pipe.write((json.dumps(message) + "\n").encode())
+        except OSError:
+            return False
+        return True
+
+    def discard(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # EOF: a waiting spare exits
+        lifetime.kill_group(self.pid)
+        os.waitpid(self.pid, 0)
+        os.close(self.pidfd)
 
 
 def _send(sock: socket.socket, message: dict) -> bool:
@@ -176,7 +214,7 @@ class _Server:
         self.versions, self.listener, self.pid = versions, listener, os.getpid()
         self.selector = selectors.DefaultSelector()
         self.connections: set[_Connection] = set()
-        self.spares: dict[str, tuple[int, int, int]] | None = {} if spares else None
+        self.spares: dict[str | None, _Spare] | None = {} if spares else None  # by GPU
         self.last_active, self.stopping = time.monotonic(), False
         if listener is not None:
             self.selector.register(listener, selectors.EVENT_READ, "listener")
@@ -210,7 +248,7 @@ class _Server:
                 elif isinstance(key.data, _Connection):
                     if key.data in self.connections:  # not dropped earlier in this round
                         self._read(key.data)
-                elif isinstance(key.data, str):  # a spare that exited unused
+                elif isinstance(key.data, _Spare):  # it exited unused
                     self._discard_spare(key.data)
                 elif key.data[1] in key.data[0].children:
                     self._reaped(*key.data)
@@ -220,8 +258,8 @@ class _Server:
                 return
         for conn in list(self.connections):
             self.drop(conn)
-        for key in list(self.spares or ()):
-            self._discard_spare(key)
+        for spare in list((self.spares or {}).values()):
+            self._discard_spare(spare)
 
     def _should_exit(self, idle_s: float | None, path: str) -> bool:
         """Idle (no client, so no child) for idle_s, or the socket file was removed."""
@@ -247,11 +285,7 @@ class _Server:
     def _fork(self, conn: _Connection, message: dict) -> None:
         pid, pidfd = self._take_spare(message)
         if pid is None:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                _child(message, self.pid)
+            pid = _fork(_child, message, self.pid)
             pidfd = os.pidfd_open(pid)
         conn.children[pidfd] = (message["id"], pid)
         self.selector.register(pidfd, selectors.EVENT_READ, (conn, pidfd))
@@ -265,46 +299,34 @@ class _Server:
 
     def _take_spare(self, message: dict) -> tuple[int | None, int | None]:
         """(pid, pidfd) of the spare that now runs `message`; (None, None) when none fits."""
-        key = _env_key(message["request"])
-        if not self.spares or key not in self.spares:
+        request = message["request"]
+        spare = (self.spares or {}).get(request.get("gpu"))
+        if spare is None or not spare.fits(request):
             return None, None
-        pid, pidfd, fd = self.spares.pop(key)
-        self.selector.unregister(pidfd)
-        try:
-            with os.fdopen(fd, "wb") as pipe:
-                pipe.write((json.dumps(message) + "\n").encode())
-        except OSError:  # it died meanwhile: reap it, fork afresh
-            os.waitpid(pid, 0)
-            os.close(pidfd)
+        del self.spares[spare.gpu]
+        self.selector.unregister(spare.pidfd)
+        if not spare.hand_over(message):  # it died meanwhile: fork afresh
+            spare.discard()
             return None, None
-        return pid, pidfd
+        return spare.pid, spare.pidfd
 
     def _make_spare(self, request: dict) -> None:
-        """A spare for the next request like this one, unless one waits already."""
-        key = _env_key(request)
-        if self.spares is None or key in self.spares:
+        """A spare for the next request like this one on its GPU (the newest environment wins)."""
+        if self.spares is None:
             return
-        for other in [k for k in self.spares if json.loads(k)[1] == request.get("gpu")]:
-            self._discard_spare(other)  # one spare per GPU: the newest environment wins
-        read, write = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            os.close(write)
-            _spare(request, self.pid, read)
-        os.close(read)
-        pidfd = os.pidfd_open(pid)
-        self.spares[key] = (pid, pidfd, write)
-        self.selector.register(pidfd, selectors.EVENT_READ, key)
+        old = self.spares.get(request.get("gpu"))
+        if old is not None and old.fits(request):
+            return
+        if old is not None:
+            self._discard_spare(old)
+        spare = _Spare(request, self.pid)
+        self.spares[spare.gpu] = spare
+        self.selector.register(spare.pidfd, selectors.EVENT_READ, spare)
 
-    def _discard_spare(self, key: str) -> None:
-        pid, pidfd, fd = self.spares.pop(key)
-        self.selector.unregister(pidfd)
-        os.close(fd)  # EOF: a waiting spare exits
-        lifetime.kill_group(pid)
-        os.waitpid(pid, 0)
-        os.close(pidfd)
+    def _discard_spare(self, spare: _Spare) -> None:
+        self.selector.unregister(spare.pidfd)
+        del self.spares[spare.gpu]
+        spare.discard()
 
     def _reaped(self, conn: _Connection, pidfd: int) -> None:
         rid, pid = conn.children.pop(pidfd)
