@@ -44,13 +44,18 @@ def _resolve(target: str):
 
 
 def origin(error: BaseException) -> tuple[str, str]:
-    """(origin, where): who raised `error`, and the innermost project frame as path:line."""
-    if isinstance(error, (ImportError, SyntaxError)):
-        return "import", ""
+    """(origin, where): who raised `error`, and the innermost project frame as path:line.
+    Raised while a module was being imported (any type, from a module's top level, lazy imports
+    included): "import", the tree does not import, whatever the scenario would have shown."""
+    frames = traceback.extract_tb(error.__traceback__)
+    importing = [f for f in frames if f.name == "<module>" and Path(f.filename).is_file()]
+    if isinstance(error, (ImportError, SyntaxError)) or importing:
+        at = importing[-1] if importing else None
+        return "import", (f"{_shown(Path(at.filename))}:{at.lineno} (importing)" if at else "")
     csrc = sys.modules.get("kernels.csrc")
     if csrc is not None and isinstance(error, csrc.BuildError):
         return "build", ""
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+    for frame in reversed(frames):
         path = Path(frame.filename).resolve()
         if not path.is_relative_to(ROOT):
             continue
@@ -61,6 +66,11 @@ def origin(error: BaseException) -> tuple[str, str]:
         under_test = any(rel.startswith(d + "/") for d in CODE_UNDER_TEST)
         return ("code" if under_test else "scenario"), where
     return "scenario", ""
+
+
+def _shown(path: Path) -> str:
+    path = path.resolve()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
 
 
 def run(spec: dict, started: float, timings: dict[str, float]) -> dict:

@@ -1,7 +1,7 @@
 """A fork server: imports torch, Triton and numpy once, then forks one scenario child per request.
 
     serve(DEVICE, FD)               a private server of one client (harness.isolate)
-    serve_warm(DEVICE, PATH, IDLE)  a warm server on a per-user socket (`repro serve`)
+    serve_warm(DEVICE, DIR_FD, IDLE)  a warm server in the user's directory (`repro serve`)
 
 Both are started with their tree first on sys.path. A server sets the device switch and preloads
 third-party modules only, never the project's: each child drops any project module it inherited
@@ -27,14 +27,16 @@ prints cannot break it.
        killed by signal -RC).
 When a connection closes (its client exited or was killed) the server kills every child of that
 connection. A private server then exits; a warm one exits when idle for IDLE seconds, when asked,
-or when its socket file is removed. Each child leads its own session, dies with the server
-(parent-death signal) and keeps its own time limit. The server is single-threaded: forking with
-threads can deadlock.
+or when its socket file is removed; it answers only clients of its own uid (SO_PEERCRED) and holds
+a lock file while it runs, so one socket has one server. Each child leads its own session, dies
+with the server (parent-death signal) and keeps its own time limit. The server is
+single-threaded: forking with threads can deadlock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.metadata
 import json
 import os
@@ -43,11 +45,15 @@ import signal
 import socket
 import sys
 import time
+import traceback
+from collections.abc import Callable
 
 from harness import lifetime
+from harness.userdir import UserDirectory, peer
 
 PROJECT_PACKAGES = ("harness", "kernels", "repro", "tests")
-PROTOCOL = 3  # bumped with any change of the messages: a client replaces an older warm server
+PROTOCOL = 4  # bumped with any change of the messages: a client replaces an older warm server
+LOCK_WAIT_S = 10.0  # a second warm server for one socket waits this long for the lock, then exits
 
 
 def _preload(device: str) -> dict[str, str]:
@@ -124,6 +130,8 @@ def _child(message: dict, server_pid: int) -> None:
     try:
         _detach(message["request"], server_pid)
         _run(message, started)
+    except BaseException:  # harness.child itself does not import: its log says why
+        traceback.print_exc()
     finally:
         os._exit(70)  # only reached if the child's own code broke
 
@@ -227,6 +235,14 @@ class _Server:
         if not _send(sock, hello):
             self.drop(conn)
 
+    def _accept(self) -> None:
+        """A client of this uid only (SO_PEERCRED): any other gets no hello, only a close."""
+        sock = self.listener.accept()[0]
+        if peer(sock)[1] != os.getuid():
+            sock.close()
+            return
+        self.add(sock)
+
     def drop(self, conn: _Connection) -> None:
         """The connection's client is gone: nothing of its run may outlive it."""
         for _, pid in conn.children.values():
@@ -240,11 +256,13 @@ class _Server:
         self.connections.discard(conn)
         self.last_active = time.monotonic()
 
-    def run(self, idle_s: float | None = None, path: str | None = None) -> None:
+    def run(self, idle_s: float | None = None, listening: Callable[[], bool] | None = None) -> None:
+        """Serve until stopped; a private server until its client leaves, a warm one until idle
+        for idle_s or until `listening()` (its socket file is there) turns false."""
         while not self.stopping:
-            for key, _ in self.selector.select(timeout=1.0 if path else None):
+            for key, _ in self.selector.select(timeout=1.0 if listening else None):
                 if key.data == "listener":
-                    self.add(self.listener.accept()[0])
+                    self._accept()
                 elif isinstance(key.data, _Connection):
                     if key.data in self.connections:  # not dropped earlier in this round
                         self._read(key.data)
@@ -252,20 +270,20 @@ class _Server:
                     self._discard_spare(key.data)
                 elif key.data[1] in key.data[0].children:
                     self._reaped(*key.data)
-            if path is None and not self.connections:
+            if listening is None and not self.connections:
                 return  # a private server: its one client is gone
-            if path is not None and self._should_exit(idle_s, path):
+            if listening is not None and self._should_exit(idle_s, listening):
                 return
         for conn in list(self.connections):
             self.drop(conn)
         for spare in list((self.spares or {}).values()):
             self._discard_spare(spare)
 
-    def _should_exit(self, idle_s: float | None, path: str) -> bool:
+    def _should_exit(self, idle_s: float | None, listening: Callable[[], bool]) -> bool:
         """Idle (no client, so no child) for idle_s, or the socket file was removed."""
         quiet = time.monotonic() - self.last_active
         idle = not self.connections and idle_s is not None and quiet > idle_s
-        return idle or not os.path.exists(path)
+        return idle or not listening()
 
     def _read(self, conn: _Connection) -> None:
         chunk = conn.sock.recv(1 << 16)
@@ -347,20 +365,42 @@ def serve(device: str, fd: int) -> None:
     server.run()
 
 
-def serve_warm(device: str, path: str, idle_s: float) -> None:
-    """A warm server listening on `path` (its directory is the user's, mode 0700)."""
+def serve_warm(device: str, directory_fd: int, idle_s: float) -> None:
+    """A warm server listening in the user's directory (inherited open, checked again here), as
+    the only one for `device` there: it holds the directory's lock file while it runs."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    directory = UserDirectory.adopt(directory_fd)
+    name = f"server-{device}.sock"
+    lock = directory.open_file(f"server-{device}.lock", os.O_RDWR | os.O_CREAT)
+    if not _take_lock(lock, LOCK_WAIT_S):
+        print(f"another warm server for {device} runs in {directory.path}: not started", flush=True)
+        return
     versions = _preload(device)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    listener.bind(path)
-    os.chmod(path, 0o600)
+    directory.unlink(name)
+    umask = os.umask(0o177)  # the socket is born 0600
+    try:
+        listener.bind(directory.address(name))
+    finally:
+        os.umask(umask)
     listener.listen(64)
     try:
-        _Server(versions, listener, spares=device == "cuda").run(idle_s, path)
+        server = _Server(versions, listener, spares=device == "cuda")
+        server.run(idle_s, lambda: directory.exists(name))
     finally:
         listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        directory.unlink(name)
+
+
+def _take_lock(fd: int, wait_s: float) -> bool:
+    """flock(fd) within `wait_s` (a stale server told to stop still holds it for a moment)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)

@@ -42,6 +42,7 @@ from harness import lifetime
 from harness.fixes import Variant
 from harness.forkserver import PROTOCOL, installed_versions
 from harness.outcome import ENV_ORACLE, ChildExit, Outcome, classify
+from harness.userdir import UnsafeDirectory, UserDirectory, peer
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("fork", "spawn")
@@ -50,6 +51,7 @@ SERVER_START_S = 120.0  # a server's preload (importing torch on a loaded machin
 FORK_ANSWER_S = 30.0  # a ready server answers a request with the child's pid
 DUMP_BEFORE_KILL_S = 1.0  # at its limit a child dumps its stacks (SIGUSR1), then is killed
 REAP_AFTER_KILL_S = 30.0  # a killed child stuck in the driver: give up on its exit status
+REPORT_AFTER_EXIT_S = 10.0  # a fork server reports a child's exit; one that does not is hung
 SANITIZER_SLOWDOWN = 10.0  # compute-sanitizer instruments every kernel: scale time limits
 SANITIZER_TOOLS = ("memcheck", "initcheck", "racecheck", "synccheck")
 # `python -c`: sys.path[0] would be the working directory; the tree is ROOT, passed as argv[1].
@@ -57,11 +59,10 @@ _BOOT = "import sys; sys.path[:] = [sys.argv[1], *(p for p in sys.path if p)]; "
 SERVER_BOOT = _BOOT + "from harness.forkserver import serve; serve(sys.argv[2], int(sys.argv[3]))"
 WARM_BOOT = (
     _BOOT + "from harness.forkserver import serve_warm; "
-    "serve_warm(sys.argv[2], sys.argv[3], float(sys.argv[4]))"
+    "serve_warm(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))"
 )
 CHILD_BOOT = _BOOT + "from harness.child import spawned; spawned(sys.argv[2])"
 ENV_SERVER = "REPRO_SERVER"  # auto: use a warm server when one runs (repro serve); off: never
-ENV_SERVER_DIR = "REPRO_SERVER_DIR"  # where warm servers' sockets live (default: per user)
 WARM_HELLO_S = 5.0  # a warm server that does not say hello by then is not used
 WARM_IDLE_S = 600.0  # a warm server exits after this long without a client
 
@@ -131,40 +132,31 @@ def _tail(path: Path, lines: int = 12) -> str:
         return ""
 
 
-def user_directory() -> Path:
-    """This user's directory for run files and warm servers' sockets (mode 0700)."""
-    base = Path(os.environ.get(ENV_SERVER_DIR) or tempfile.gettempdir()) / f"repro-{os.getuid()}"
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return base
+def socket_name(device: str) -> str:
+    return f"server-{device}.sock"
 
 
-def warm_socket(device: str) -> Path:
-    return user_directory() / f"server-{device}.sock"
+def log_name(device: str) -> str:
+    return f"server-{device}.log"
 
 
-def warm_log(device: str) -> Path:
-    return user_directory() / f"server-{device}.log"
-
-
-def start_warm(device: str, idle_s: float, root: Path = ROOT) -> subprocess.Popen:
-    """A detached warm server for `device` (its socket appears once torch is imported)."""
-    with warm_log(device).open("ab") as out:
+def start_warm(device: str, idle_s: float, directory: UserDirectory, root: Path = ROOT):
+    """A detached warm server for `device` in `directory` (it inherits the directory's open
+    descriptor; its socket appears once torch is imported). OSError: its log cannot be opened
+    (a symlink planted there is refused)."""
+    log = directory.open_file(log_name(device), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                WARM_BOOT,
-                str(root),
-                device,
-                str(warm_socket(device)),
-                str(idle_s),
-            ],
+            [sys.executable, "-c", WARM_BOOT, str(root), device, str(directory.fd), str(idle_s)],
+            pass_fds=(directory.fd,),
             stdin=subprocess.DEVNULL,
-            stdout=out,
+            stdout=log,
             stderr=subprocess.STDOUT,
             env=_child_env(),
             start_new_session=True,
         )
+    finally:
+        os.close(log)
 
 
 def _alive(pid: int) -> bool:
@@ -177,14 +169,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _run_directory() -> Path:
-    """A fresh directory for this process's files; sweep those whose process is gone."""
-    base = user_directory()
-    for old in base.iterdir():
-        owner = old.name.partition("-")[0]
+def _run_directory(directory: UserDirectory | None) -> Path:
+    """A fresh directory for this process's files: in the user's directory, sweeping those whose
+    process is gone; without a safe user directory, a private temporary one."""
+    if directory is None:
+        return Path(tempfile.mkdtemp(prefix=f"repro-{os.getuid()}-{os.getpid()}-"))
+    for old in os.listdir(directory.fd):
+        owner = old.partition("-")[0]
         if owner.isdigit() and not _alive(int(owner)):
-            shutil.rmtree(old, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
+            shutil.rmtree(directory.path / old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=directory.path))
 
 
 @dataclass(eq=False, slots=True)
@@ -201,6 +195,8 @@ class _Run:
     pidfd: int | None = None
     pid: int | None = None
     gpu: str | None = None  # the GPU the child runs on (when the caller sees several)
+    rid: int | None = None  # its request id on its server (forked)
+    exited: bool = False  # forked: the child is gone, its server has yet to report it
     timed_out: bool = False  # past its limit: asked for its stacks, then killed
     killed: bool = False
 
@@ -214,6 +210,7 @@ class _Server:
         self.buffer, self.started, self.ready = b"", time.monotonic(), False
         self.versions: dict[str, str] = {}
         self.pid: int | None = proc.pid if proc is not None else None
+        self.stale = False  # a warm server of another protocol or installation
         self.runs: dict[int, _Run] = {}  # request id -> run
 
     @classmethod
@@ -233,28 +230,33 @@ class _Server:
         return cls(device, ours, log, proc)
 
     @classmethod
-    def connect(cls, device: str) -> _Server | None:
-        """The warm server of `device`, if one runs, answers and matches this installation."""
-        path = warm_socket(device)
-        if not path.exists():
+    def connect(cls, device: str, directory: UserDirectory) -> _Server | None:
+        """The warm server of `device` in `directory`, if one of this user's runs there and
+        answers (`stale` when it does not match this installation)."""
+        if not directory.exists(socket_name(device)):
             return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(WARM_HELLO_S)
         try:
-            sock.connect(str(path))
+            sock.connect(directory.address(socket_name(device)))
+            pid, uid = peer(sock)
+            if uid != os.getuid():
+                print(
+                    f"repro: {directory.path / socket_name(device)} is served by uid {uid}, "
+                    "not by this user: not used",
+                    file=sys.stderr,
+                )
+                sock.close()
+                return None
             hello = json.loads(sock.makefile("rb").readline())
         except (OSError, ValueError):
             sock.close()
             return None
         sock.settimeout(None)
         server = cls(device, sock, None, None)
-        server.ready, server.versions = True, hello.get("versions", {})
-        server.pid = hello.get("pid")
-        if hello.get("protocol") != PROTOCOL or server.versions != installed_versions():
-            server.send({"stop": True})  # stale: replaced by a fresh one for the next run
-            sock.close()
-            start_warm(device, WARM_IDLE_S)
-            return None
+        server.ready, server.versions, server.pid = True, hello.get("versions", {}), pid
+        server.log = directory.path / log_name(device)
+        server.stale = hello.get("protocol") != PROTOCOL or server.versions != installed_versions()
         return server
 
     def send(self, message: dict) -> bool:
@@ -277,9 +279,7 @@ class _Server:
         return [json.loads(line) for line in lines if line.strip()]
 
     def evidence(self) -> str:
-        return (
-            _tail(self.log) if self.log else f"(a warm server: its log is {warm_log(self.device)})"
-        )
+        return _tail(self.log) if self.proc else f"(a warm server: its log is {self.log})"
 
     def stop(self) -> None:
         """A private server: kill it (its children die with it: parent-death signal) and reap
@@ -298,8 +298,18 @@ class Isolator:
         self.mode = mode or os.environ.get(ENV_ISOLATION) or "fork"
         if self.mode not in MODES:
             raise ValueError(f"isolation mode must be one of {', '.join(MODES)}: {self.mode!r}")
-        self.root, self.directory = root, _run_directory()
         self.use_warm = os.environ.get(ENV_SERVER, "auto") != "off"
+        try:
+            self.userdir: UserDirectory | None = UserDirectory.open()
+        except UnsafeDirectory as e:
+            self.userdir = None
+            if self.use_warm:
+                print(
+                    f"repro: not using warm servers: {e}; running on a private server",
+                    file=sys.stderr,
+                )
+        self.use_warm = self.use_warm and self.userdir is not None
+        self.root, self.directory = root, _run_directory(self.userdir)
         self.gpus = devices.visible_gpus()  # cuda children are spread over them
         self.env = _child_env()  # what every child runs with, whichever server forks it
         self.selector = selectors.DefaultSelector()
@@ -318,6 +328,8 @@ class Isolator:
         for server in list(self.servers.values()):
             self._drop(server)
         shutil.rmtree(self.directory, ignore_errors=True)
+        if self.userdir is not None:
+            self.userdir.close()
 
     def warm(self, device: str) -> None:
         """Start the device's fork server now, so its imports overlap the caller's work."""
@@ -327,13 +339,25 @@ class Isolator:
     def _server(self, device: str) -> _Server:
         """The device's server: a warm one if it runs (`repro serve`), else a private one."""
         if device not in self.servers:
-            server = _Server.connect(device) if self.use_warm and self.mode == "fork" else None
+            server = self._warm_server(device) if self.use_warm and self.mode == "fork" else None
             if server is None:
                 log = self.directory / f"server-{device}-{next(self.ids)}.log"
                 server = _Server.start(device, self.root, log)
             self.servers[device] = server
             self.selector.register(server.sock, selectors.EVENT_READ, server)
         return self.servers[device]
+
+    def _warm_server(self, device: str) -> _Server | None:
+        """The warm server (`repro serve`) if one runs; a stale one is stopped and a fresh one
+        started for the next run (this one runs on a private server)."""
+        server = _Server.connect(device, self.userdir)
+        if server is not None and server.stale:
+            server.send({"stop": True})
+            server.sock.close()
+            with contextlib.suppress(OSError):
+                start_warm(device, WARM_IDLE_S, self.userdir)
+            return None
+        return server
 
     def _drop(self, server: _Server) -> None:
         self.selector.unregister(server.sock)
@@ -409,7 +433,7 @@ class _Batch:
             return
         server = self.iso._server(job.device)
         rid = next(self.iso.ids)
-        run.server, server.runs[rid] = server, run
+        run.server, run.rid, server.runs[rid] = server, rid, run
         run.deadline = self._answer_deadline(server)
         self.running.add(run)
         request = {**job.request(directory), "env": self.iso.env, "gpu": run.gpu}
@@ -461,9 +485,14 @@ class _Batch:
         timeout = max(0.0, min(r.deadline for r in self.running) - time.monotonic())
         for key, _ in self.iso.selector.select(timeout):
             if isinstance(key.data, _Server):
-                self._on_server(key.data)
-            elif key.data in self.running:
+                if self.iso.servers.get(key.data.device) is key.data:  # not dropped meanwhile
+                    self._on_server(key.data)
+            elif key.data not in self.running:
+                continue
+            elif key.data.proc is not None:  # a spawned child exited
                 self._finish(key.data, key.data.proc.wait())
+            else:  # a forked child exited: its server reports it soon
+                self._exited(key.data)
 
     def _on_server(self, server: _Server) -> None:
         messages = server.receive()
@@ -478,15 +507,39 @@ class _Batch:
                     waiting.deadline = self._answer_deadline(server)
             elif run is not None and "pid" in message:
                 run.pid, run.deadline = message["pid"], time.monotonic() + run.job.limit_s
+                self._watch(run)
             elif run is not None and "returncode" in message:
-                del server.runs[message["id"]]
                 self._finish(run, message["returncode"])
+
+    def _watch(self, run: _Run) -> None:
+        """Watch a forked child's exit too: a server that stops reporting (stopped, hung) must
+        not pass for a child that hangs."""
+        try:
+            run.pidfd = os.pidfd_open(run.pid)
+        except OSError:  # already gone: its report follows
+            return
+        self.iso.selector.register(run.pidfd, selectors.EVENT_READ, run)
+
+    def _exited(self, run: _Run) -> None:
+        self._unwatch(run)
+        run.exited, run.deadline = True, time.monotonic() + REPORT_AFTER_EXIT_S
+
+    def _unwatch(self, run: _Run) -> None:
+        if run.pidfd is not None:
+            self.iso.selector.unregister(run.pidfd)
+            os.close(run.pidfd)
+            run.pidfd = None
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
         for run in [r for r in self.running if r.deadline <= now]:
+            if run not in self.running:  # its server died earlier in this round
+                continue
             if run.pid is None:
                 self._server_died(run.server, f"did not answer within {FORK_ANSWER_S:.0f}s")
+            elif run.exited:
+                why = f"did not report its child's exit within {REPORT_AFTER_EXIT_S:.0f}s"
+                self._server_died(run.server, why)
             elif not run.timed_out:  # where it hangs, for the evidence (harness.child)
                 run.timed_out, run.deadline = True, now + DUMP_BEFORE_KILL_S
                 if not run.job.sanitizer:
@@ -499,23 +552,29 @@ class _Batch:
                 self._done(run, Outcome.TIMEOUT, "killed at its time limit, then never reaped")
 
     def _server_died(self, server: _Server, why: str = "exited") -> None:
-        """Restart once if it had been serving (its runs run again); else fail its runs."""
-        if why == "exited":  # its socket closed: the exit status follows at once
+        """Its runs run again, once per device, on a fresh private server (a dead warm server
+        is not asked again); if the server had never served, or the fresh one dies too, its
+        runs fail (`error`: cannot test)."""
+        if why == "exited" and server.proc is not None:  # the exit status follows at once
             with contextlib.suppress(subprocess.TimeoutExpired):
                 server.proc.wait(timeout=2.0)
-        status = server.proc.poll()
+        status = server.proc.poll() if server.proc is not None else None
         self.iso._drop(server)
+        if server.proc is None:
+            self.iso.use_warm = False
         if status is not None:
             why += f" (exit status {status})"
         runs = list(server.runs.values())
         for run in runs:
+            self._unwatch(run)
             self.running.discard(run)
             if run.gpu is not None:
                 self.gpu_load[run.gpu] -= 1
             if run.pid is not None:
                 lifetime.kill_group(run.pid)
             shutil.rmtree(run.directory, ignore_errors=True)
-        evidence = f"fork server ({server.device}) {why}:\n{server.evidence()}".strip()
+        kind = "a private" if server.proc is not None else "the warm"
+        evidence = f"{kind} fork server ({server.device}) {why}:\n{server.evidence()}".strip()
         if server.ready and server.device not in self.iso.restarted:
             self.iso.restarted.add(server.device)
             self.pending.extendleft(reversed([run.index for run in runs]))
@@ -545,9 +604,9 @@ class _Batch:
         if run.gpu is not None:
             self.gpu_load[run.gpu] -= 1
             result = dataclasses.replace(result, gpu=run.gpu)
-        if run.pidfd is not None:
-            self.iso.selector.unregister(run.pidfd)
-            os.close(run.pidfd)
+        self._unwatch(run)
+        if run.server is not None:  # never run again if its server dies later
+            run.server.runs.pop(run.rid, None)
         self.running.discard(run)
         shutil.rmtree(run.directory, ignore_errors=True)
         result = dataclasses.replace(result, seconds=time.monotonic() - run.started)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -22,7 +23,6 @@ from harness.fixes import ALL_FIXES, UsageError, Variant, describe, parse_fix, s
 from harness.isolate import (
     ENV_ISOLATION,
     ENV_SERVER,
-    ENV_SERVER_DIR,
     MODES,
     SANITIZER_TOOLS,
     Interrupted,
@@ -38,6 +38,7 @@ from harness.outcome import (
     exit_code,
 )
 from harness.record import BugRecord
+from harness.userdir import ENV_SERVER_DIR
 from repro import registry
 
 CHECK_EPILOG = """\
@@ -52,6 +53,7 @@ exit codes (git bisect run):
        scenario's documented one
   2    usage error, found before anything heavy starts
   never 128 or more"""
+ENV_TIMEOUT = "REPRO_TIMEOUT"  # caps every scenario's time limit, as --timeout does
 BUILD_TIMEOUT_S = 900.0  # the first csrc build takes about a minute; a loaded machine, more
 EVIDENCE_LINES = 6
 
@@ -74,6 +76,7 @@ def _variant_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixes", metavar="none", help="'none': every fix part of every bug off")
     p.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
     p.add_argument("--scenario", action="append", default=[], help="only this scenario")
+    timeout_option(p)
     p.add_argument(
         "--sanitizer",
         nargs="?",
@@ -83,6 +86,37 @@ def _variant_options(p: argparse.ArgumentParser) -> None:
         help=f"run children under compute-sanitizer's TOOL ({', '.join(SANITIZER_TOOLS)}; "
         "default memcheck)",
     )
+
+
+def timeout_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"shorten every scenario's time limit to at most SECONDS (also ${ENV_TIMEOUT})",
+    )
+
+
+def _seconds(value: float | str, name: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError(f"{name} must be a finite number of seconds above 0, got {value!r}")
+    return seconds
+
+
+def time_limit(args: argparse.Namespace) -> float | None:
+    """The cap on every scenario's time limit: --timeout, else $REPRO_TIMEOUT, else none."""
+    if getattr(args, "timeout", None) is not None:
+        return _seconds(args.timeout, "--timeout")
+    value = os.environ.get(ENV_TIMEOUT)
+    return None if value is None else _seconds(value, f"${ENV_TIMEOUT}")
+
+
+def capped(timeout_s: float, cap: float | None) -> float:
+    return timeout_s if cap is None else min(timeout_s, cap)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,6 +166,7 @@ def dispatch(argv: Sequence[str]) -> int:
         args = build_parser().parse_args(argv)
         command = args.command
         check_environment()
+        time_limit(args)
         return COMMANDS[command](args)
     except UsageError as e:
         print(f"repro: error: {e}", file=sys.stderr)
@@ -298,8 +333,18 @@ def plan(args: argparse.Namespace) -> Plan:
     if args.sanitizer and choice == "cpu":
         raise UsageError("--sanitizer checks GPU memory accesses: it needs --device cuda")
     device = devices.resolve(choice)
+    cap = time_limit(args)
     jobs = tuple(
-        Job(bug.id, s.name, bug.target(s), fixes, device, s.timeout_s, 0, args.sanitizer)
+        Job(
+            bug.id,
+            s.name,
+            bug.target(s),
+            fixes,
+            device,
+            capped(s.timeout_s, cap),
+            0,
+            args.sanitizer,
+        )
         for s in bug.scenarios
         if not args.scenario or s.name in args.scenario
     )

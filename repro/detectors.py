@@ -40,7 +40,7 @@ from harness.outcome import ENV_ORACLE, EXIT_CANNOT_TEST, EXIT_INTERRUPTED, Outc
 from harness.record import BugRecord
 from repro import registry
 from repro import results as documents
-from repro.commands import print_table
+from repro.commands import capped, print_table, time_limit, timeout_option
 from repro.matrix import devices_wanted, prepare_devices, writable
 
 NO_CACHING = ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
@@ -55,10 +55,13 @@ class Detector:
     devices: tuple[str, ...] = ("cuda",)
     oracle: bool = False
 
-    def job(self, bug: BugRecord, scenario: str, fixes: Variant, device: str) -> Job:
+    def job(
+        self, bug: BugRecord, scenario: str, fixes: Variant, device: str, cap: float | None
+    ) -> Job:
         s = bug.scenario(scenario)
         env = self.env if self.oracle else ((ENV_ORACLE, "off"), *self.env)
-        return Job(bug.id, s.name, bug.target(s), fixes, device, s.timeout_s, 0, self.tool, env)
+        limit = capped(s.timeout_s, cap)
+        return Job(bug.id, s.name, bug.target(s), fixes, device, limit, 0, self.tool, env)
 
 
 DETECTORS: tuple[Detector, ...] = (
@@ -96,6 +99,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--first-scenario", action="store_true", help="only each bug's first (documented) scenario"
     )
     d.add_argument("--jobs", type=int, help="children at once (default: CPU count)")
+    timeout_option(d)
     d.add_argument("--json", metavar="FILE", help="write every run as JSON (repro-results/1)")
     d.add_argument("--markdown", metavar="FILE", help="write the table as Markdown (the README's)")
 
@@ -142,7 +146,8 @@ def _plan(args: argparse.Namespace, device: str) -> list[tuple[Detector, str, Jo
                 fixes = select_variant(bug.fix_parts, variant)
                 for d in chosen:
                     if _available(d, device) is None:
-                        plan.append((d, variant, d.job(bug, s.name, fixes, device)))
+                        job = d.job(bug, s.name, fixes, device, time_limit(args))
+                        plan.append((d, variant, job))
     return plan
 
 
@@ -162,8 +167,10 @@ def cmd_detectors(args: argparse.Namespace) -> int:
             print("detectors: nothing could run", file=sys.stderr)
             return EXIT_CANNOT_TEST
         by_job = {job: (d, variant) for d, variant, job in plan}
+        live = documents.LiveJson(args.json, set(wanted)) if args.json else None
         try:
-            results = isolator.run_all([job for _, _, job in plan], args.jobs, _progress(by_job))
+            jobs = [job for _, _, job in plan]
+            results = isolator.run_all(jobs, args.jobs, _progress(by_job, live))
         except Interrupted as e:
             results, code = e.results, EXIT_INTERRUPTED
     runs = [Run(by_job[r.job][0], r, by_job[r.job][1]) for r in results]
@@ -178,9 +185,8 @@ def cmd_detectors(args: argparse.Namespace) -> int:
         for why, names in missing.items():
             print(f"not run on {device}: {', '.join(names)}: {why}")
     print(f"\n{len(runs)} runs in {time.monotonic() - start:.1f}s")
-    if args.json:
-        rows = [{**documents.result_json(r.result), "detector": r.detector.name} for r in runs]
-        documents.write(args.json, documents.document(rows))
+    if live:
+        live.finish([_row(r.result, r.detector) for r in runs])
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(runs))
@@ -198,12 +204,18 @@ def _oracle_ok(run: Run) -> bool:
     return run.result.outcome == expected
 
 
-def _progress(by_job: dict[Job, tuple[Detector, str]]):
+def _row(result: Result, detector: Detector) -> dict:
+    return {**documents.result_json(result), "detector": detector.name}
+
+
+def _progress(by_job: dict[Job, tuple[Detector, str]], live: documents.LiveJson | None):
     done, total = [0], len(by_job)
 
     def show(r: Result) -> None:
         done[0] += 1
         detector, variant = by_job[r.job]
+        if live:
+            live.add(_row(r, detector))
         print(
             f"[{done[0]:>3}/{total}] {detector.name:<17} {r.job.bug} {variant} {r.job.device} "
             f"{r.job.scenario}: {r.outcome.value} {r.seconds:.1f}s",

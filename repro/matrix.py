@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED, Outcome
 from harness.record import BugRecord
 from repro import registry
 from repro import results as documents
-from repro.commands import device_choice, prepare, print_table
+from repro.commands import capped, device_choice, prepare, print_table, time_limit, timeout_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run every cell N times, with seeds 0..N-1 (determinism check)",
     )
     m.add_argument("--jobs", type=int, help="children at once (default: CPU count)")
+    timeout_option(m)
     m.add_argument("--json", metavar="FILE", help="write results as JSON")
     m.add_argument("--junit", metavar="FILE", help="write results as JUnit XML")
 
@@ -85,18 +87,17 @@ def prepare_devices(isolator: Isolator, wanted: list[str]) -> list[str]:
 
 
 def writable(path: str, option: str) -> None:
-    """A usage error unless `path` can be written (tried now, before any run)."""
+    """A usage error unless `path` can be written as it will be: a temporary file beside it,
+    renamed over it (tried now, before any run)."""
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
-    existed = target.exists()
     try:
-        with target.open("a"):
-            pass
+        fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     except OSError as e:
         raise UsageError(f"{option} {path}: cannot write: {e.strerror}") from None
-    if not existed:
-        target.unlink()
+    os.close(fd)
+    os.unlink(temporary)
 
 
 def _check(args: argparse.Namespace) -> tuple[list[BugRecord], list[str]]:
@@ -119,31 +120,49 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         for device in prepare_devices(isolator, wanted):
             for bug in bugs:
                 for fixes in _variants(bug, args.each_part):
-                    plan += [(bug, job) for job in _jobs(bug, fixes, device, args.repeat)]
+                    jobs = _jobs(bug, fixes, device, args.repeat, time_limit(args))
+                    plan += [(bug, job) for job in jobs]
         if not plan:
             print("matrix: nothing could run", file=sys.stderr)
             return EXIT_CANNOT_TEST
         records = {job: bug for bug, job in plan}
+        files = _Files(args, {job.device for job in records})
         try:
-            results = isolator.run_all([j for _, j in plan], args.jobs, _progress(records))
+            results = isolator.run_all([j for _, j in plan], args.jobs, _progress(records, files))
         except Interrupted as e:
             results, code = e.results, EXIT_INTERRUPTED
     cells = [_cell(records[r.job], r) for r in results]
     print_summary(cells, time.monotonic() - start)
-    if args.json:
-        rows = [documents.result_json(c.result) for c in cells]
-        documents.write(args.json, documents.document(rows))
-    if args.junit:
-        documents.write_junit(args.junit, cells)
+    files.finish(cells)
     if code is not None:
         print("matrix: interrupted; unfinished runs are skipped (interrupted)", file=sys.stderr)
         return code
     return 0 if all(c.ok for c in cells) else 1
 
 
-def _jobs(bug: BugRecord, fixes: Variant, device: str, repeat: int) -> list[Job]:
+class _Files:
+    """--json and --junit, rewritten after every finished run (nothing lost if killed)."""
+
+    def __init__(self, args: argparse.Namespace, devices_used: set[str]) -> None:
+        self.json = documents.LiveJson(args.json, devices_used) if args.json else None
+        self.junit = documents.LiveJunit(args.junit) if args.junit else None
+
+    def add(self, cell: Cell) -> None:
+        if self.json:
+            self.json.add(documents.result_json(cell.result))
+        if self.junit:
+            self.junit.add(cell)
+
+    def finish(self, cells: list[Cell]) -> None:
+        if self.json:
+            self.json.finish([documents.result_json(c.result) for c in cells])
+        if self.junit:
+            self.junit.finish(cells)
+
+
+def _jobs(bug: BugRecord, fixes: Variant, device: str, repeat: int, cap: float | None):
     return [
-        Job(bug.id, s.name, bug.target(s), fixes, device, s.timeout_s, seed)
+        Job(bug.id, s.name, bug.target(s), fixes, device, capped(s.timeout_s, cap), seed)
         for s in bug.scenarios
         for seed in range(repeat)
     ]
@@ -154,12 +173,13 @@ def _cell(bug: BugRecord, r: Result) -> Cell:
     return Cell(r, describe(r.job.fixes, bug.fix_parts), expected)
 
 
-def _progress(records: dict[Job, BugRecord]):
+def _progress(records: dict[Job, BugRecord], files: _Files):
     done, total = [0], len(records)
 
     def show(r: Result) -> None:
         done[0] += 1
         cell = _cell(records[r.job], r)
+        files.add(cell)
         mark = "ok" if cell.ok else f"UNEXPECTED (expected {cell.expected.value})"
         scenario_s = "" if r.scenario_seconds is None else f" (scenario {r.scenario_seconds:.2f}s)"
         print(

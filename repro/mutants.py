@@ -39,6 +39,7 @@ from harness.record import Mutant
 from repro import registry
 from repro.commands import print_table, unavailable
 from repro.matrix import writable
+from repro.results import replace
 
 TREE = ("harness", "kernels", "repro", "csrc")  # what a check of a copy needs
 CHECK_TIMEOUT_S = 1800.0
@@ -121,17 +122,22 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         print("mutants: nothing could run", file=sys.stderr)
         return EXIT_CANNOT_TEST
     jobs = args.jobs or max(1, (os.cpu_count() or 2) // 2)
-    cells, interrupted = _run(chosen, runnable, jobs)
+    cells, interrupted = _run(chosen, runnable, jobs, args.json)
     _report(cells, runnable)
     if args.json:
-        Path(args.json).write_text(json.dumps([_cell_json(c) for c in cells], indent=2))
+        _write_json(args.json, cells)
     if interrupted:
         return EXIT_INTERRUPTED
     return 0 if all(c.ok for c in cells) else 1
 
 
-def _run(chosen, devices_: list[str], jobs: int) -> tuple[list[Cell], bool]:
-    """Every (mutant, device), at most `jobs` checks at once, each on its own copy."""
+def _write_json(path: str, cells: list[Cell]) -> None:
+    replace(path, json.dumps([_cell_json(c) for c in cells], indent=2) + "\n")
+
+
+def _run(chosen, devices_: list[str], jobs: int, json_path: str | None):
+    """Every (mutant, device), at most `jobs` checks at once, each on its own copy; the JSON
+    file (if any) rewritten after each, so a killed run leaves every finished cell there."""
     todo = [(b, m, d) for d in devices_ for b, m in chosen]
     cells: dict[int, Cell] = {}
     running: dict[int, tuple[subprocess.Popen, Path, float]] = {}
@@ -164,6 +170,8 @@ def _run(chosen, devices_: list[str], jobs: int) -> tuple[list[Cell], bool]:
                     del running[i]
                     shutil.rmtree(copy, ignore_errors=True)
                     _progress(cells[i], len(cells), len(todo))
+                    if json_path:
+                        _write_json(json_path, [cells[k] for k in sorted(cells)])
                 time.sleep(0.1)
         except KeyboardInterrupt:
             for proc, _, _ in running.values():

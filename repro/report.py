@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.fixes import UsageError
-from repro.results import SCHEMA_ID
+from repro.results import SCHEMA_ID, problem
 
 OUTCOME_COLOURS = {"pass": "#cfe8cf", "skipped": "#e6e6e6"}  # failures: by expectation below
 
@@ -37,12 +37,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def load(path: str) -> dict:
+    """A results document, checked against its schema; anything else is a usage error."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise UsageError(f"{path}: not a results document: {e}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_ID:
         raise UsageError(f"{path}: not a {SCHEMA_ID} document")
+    found = problem(doc)
+    if found:
+        raise UsageError(f"{path}: not a valid {SCHEMA_ID} document: {found}")
     return doc
 
 
@@ -89,6 +93,9 @@ def markdown(docs: list[dict]) -> str:
     runs = [run for doc in docs for run in doc["results"]]
     ok = sum(not _unexpected(run) for run in runs)
     lines.append(f"\n{ok}/{len(runs)} runs as expected.")
+    partial = sum(doc.get("complete") is False for doc in docs)
+    if partial:
+        lines.append(f"{partial} of the documents is incomplete (a run killed or still running).")
     return "\n".join(lines) + "\n"
 
 

@@ -11,6 +11,7 @@ Nothing here imports torch: versions come from package metadata, GPUs from nvidi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -19,6 +20,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -30,6 +32,60 @@ from repro import registry
 
 SCHEMA_ID = "repro-results/1"
 SCHEMA_FILE = Path(__file__).with_name("results.schema.json")
+
+
+def problem(doc: object) -> str | None:
+    """The first way `doc` breaks results.schema.json (where and what), or None. A validator of
+    the keywords that schema uses (jsonschema is a test extra; GPU runners may lack it)."""
+    schema = json.loads(SCHEMA_FILE.read_text())
+    return _problem(doc, schema, schema, "document")
+
+
+_TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+SCHEMA_KEYWORDS = {
+    "$schema", "$id", "$defs", "title", "$ref", "type", "const", "enum", "anyOf", "required",
+    "properties", "additionalProperties", "items",
+}  # fmt: skip
+
+
+def _problem(value: object, schema: dict, root: dict, where: str) -> str | None:
+    if "$ref" in schema:
+        schema = root["$defs"][schema["$ref"].removeprefix("#/$defs/")]
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        if not any(_TYPES[t](value) for t in types):
+            return f"{where}: {value!r:.60} is not of type {' or '.join(types)}"
+    if "const" in schema and value != schema["const"]:
+        return f"{where}: {value!r:.60} is not {schema['const']!r}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{where}: {value!r:.60} is not one of {', '.join(map(str, schema['enum']))}"
+    if "anyOf" in schema and all(_problem(value, s, root, where) for s in schema["anyOf"]):
+        return f"{where}: {value!r:.60} matches none of its allowed forms"
+    if isinstance(value, dict):
+        for key in schema.get("required", ()):
+            if key not in value:
+                return f"{where}: {key!r} is missing"
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            sub = schema.get("properties", {}).get(key, extra)
+            found = _problem(item, sub, root, f"{where}.{key}") if sub else None
+            if found:
+                return found
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            found = _problem(item, schema["items"], root, f"{where}[{i}]")
+            if found:
+                return found
+    return None
 
 
 def result_json(r: Result, bug: BugRecord | None = None) -> dict:
@@ -50,9 +106,9 @@ def result_json(r: Result, bug: BugRecord | None = None) -> dict:
     }
 
 
-def document(rows: list[dict], **extra: object) -> dict:
+def document(rows: list[dict], devices_used: set[str] | None = None, **extra: object) -> dict:
     """The results document around `rows` (and `extra` keys, e.g. a check's verdict)."""
-    devices_used = {row["device"] for row in rows}
+    devices_used = {row["device"] for row in rows} if devices_used is None else devices_used
     return {
         "schema": SCHEMA_ID,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -64,7 +120,54 @@ def document(rows: list[dict], **extra: object) -> dict:
 
 
 def write(path: str, doc: dict) -> None:
-    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+    replace(path, json.dumps(doc, indent=2) + "\n")
+
+
+def replace(path: str, text: str) -> None:
+    """Write `text` to `path` atomically: a killed writer leaves the old file or the new one."""
+    target = Path(path)
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            os.fchmod(out.fileno(), 0o666 & ~_umask())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+class LiveJson:
+    """A --json document of a run in progress: rewritten atomically after every finished run
+    (a killed command leaves a valid document with every run that finished), "complete": false
+    until `finish`. Rows are serialized once, so each rewrite only joins them."""
+
+    def __init__(self, path: str, devices_used: set[str], **extra: object) -> None:
+        head = document([], devices_used, **extra)
+        del head["results"]
+        self.path, self.head, self.rows = path, head, []
+
+    def add(self, row: dict) -> None:
+        self.rows.append(json.dumps(row))
+        self._write(complete=False)
+
+    def finish(self, rows: list[dict], **extra: object) -> None:
+        """The whole document, rows in the given order."""
+        self.head.update(extra)
+        self.rows = [json.dumps(row) for row in rows]
+        self._write(complete=True)
+
+    def _write(self, complete: bool) -> None:
+        head = json.dumps({**self.head, "complete": complete}, indent=2)
+        body = ",\n    ".join(self.rows)
+        replace(self.path, f'{head[:-2]},\n  "results": [\n    {body}\n  ]\n}}\n')
 
 
 def provenance(devices_used: set[str]) -> dict:
@@ -131,31 +234,61 @@ def _gpus() -> list[dict]:
     return gpus
 
 
-def write_junit(path: str, cells: list) -> None:
-    """One test case per cell (class bug.variant.device), its evidence in system-out; a
-    failure carries the evidence as its message."""
-    suite = ET.Element(
-        "testsuite",
-        name="repro-matrix",
-        tests=str(len(cells)),
-        failures=str(sum(not c.ok for c in cells)),
-    )
-    for c in cells:
-        case = ET.SubElement(
-            suite,
+class LiveJunit:
+    """A --junit file of a run in progress, rewritten atomically after every finished run: one
+    test case per cell (class bug.variant.device), its evidence in system-out; a failure carries
+    the evidence as its message; a run that could not run (skipped, interrupted) is skipped, not
+    failed. The property "complete" is false until `finish`."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.cases, self.failures, self.skipped = path, [], 0, 0
+
+    def add(self, cell) -> None:
+        self.cases.append(self._case(cell))
+        self._write(complete=False)
+
+    def finish(self, cells: list) -> None:
+        self.cases, self.failures, self.skipped = [], 0, 0
+        self.cases = [self._case(c) for c in cells]
+        self._write(complete=True)
+
+    def _case(self, c) -> str:
+        job = c.result.job
+        case = ET.Element(
             "testcase",
-            classname=junit_class(c.result.job.bug, c.variant, c.result.job.device),
-            name=f"{c.result.job.scenario}[seed {c.result.job.seed}]",
+            classname=junit_class(job.bug, c.variant, job.device),
+            name=f"{job.scenario}[seed {job.seed}]",
             time=f"{c.result.seconds:.3f}",
         )
-        evidence = f"{c.result.outcome.value} (expected {c.expected.value})\n{c.result.evidence}"
-        if c.result.outcome.value == "skipped" and c.expected.value != "skipped":
+        outcome, expected = c.result.outcome.value, c.expected.value
+        if outcome == "skipped" and expected != "skipped":
             ET.SubElement(case, "skipped", message=c.result.evidence)
+            self.skipped += 1
         elif not c.ok:
-            message = f"{c.result.outcome.value}, expected {c.expected.value}: {c.result.evidence}"
+            message = f"{outcome}, expected {expected}: {c.result.evidence}"
             ET.SubElement(case, "failure", message=message).text = c.result.evidence
+            self.failures += 1
+        evidence = f"{outcome} (expected {expected})\n{c.result.evidence}"
         ET.SubElement(case, "system-out").text = evidence
-    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+        return ET.tostring(case, encoding="unicode")
+
+    def _write(self, complete: bool) -> None:
+        suite = ET.Element(
+            "testsuite",
+            name="repro-matrix",
+            tests=str(len(self.cases)),
+            failures=str(self.failures),
+            skipped=str(self.skipped),
+        )
+        properties = ET.SubElement(suite, "properties")
+        ET.SubElement(properties, "property", name="complete", value=str(complete).lower())
+        head, _, _ = ET.tostring(suite, encoding="unicode").rpartition("</testsuite>")
+        cases = "".join(self.cases)
+        replace(self.path, f"<?xml version='1.0' encoding='utf-8'?>\n{head}{cases}</testsuite>\n")
+
+
+def write_junit(path: str, cells: list) -> None:
+    LiveJunit(path).finish(cells)
 
 
 def junit_class(bug: str, variant: str, device: str) -> str:

@@ -6,7 +6,9 @@ torch nor for starting a server.
     repro serve --stop                                       stop it
 
 The server imports torch, Triton and numpy, never initializes CUDA, and listens on a socket in
-this user's directory (mode 0700). A cuda server keeps one spare child per GPU with its CUDA
+this user's directory (harness.userdir: owned by this user, mode 0700, checked at every use;
+elsewhere nothing starts), for clients of its own uid only; one server per socket (a lock).
+`--status` and `--stop` never start one. A cuda server keeps one spare child per GPU with its CUDA
 context made (holding that GPU's context memory while it waits) for the next request from the
 same environment (harness.forkserver). `run`, `check`, `matrix` and `mutants` use it when it
 runs (unless $REPRO_SERVER=off) and start a private server otherwise. Its children import the
@@ -21,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 from harness import device as devices
 from harness.fixes import UsageError
-from harness.isolate import WARM_IDLE_S, _Server, start_warm, warm_log, warm_socket
+from harness.isolate import WARM_IDLE_S, _Server, log_name, socket_name, start_warm
 from harness.outcome import EXIT_CANNOT_TEST
+from harness.userdir import UnsafeDirectory, UserDirectory
 from repro.commands import device_choice, unavailable
 
 START_S = 180.0  # importing torch on a loaded machine
@@ -42,46 +46,74 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    if args.idle <= 0:
-        raise UsageError(f"--idle must be positive, got {args.idle}")
+    if not (math.isfinite(args.idle) and args.idle > 0):
+        raise UsageError(f"--idle must be a finite number of seconds above 0, got {args.idle}")
     device = devices.resolve(device_choice(args.device))
-    server = _Server.connect(device)
+    asking = args.status or args.stop  # never starts a server, never makes the directory
+    try:
+        directory = UserDirectory.open(create=not asking)
+    except UnsafeDirectory as e:
+        if asking:
+            print(f"{device}: no warm server ({e})")
+            return 0
+        print(f"{device}: cannot start: {e}")
+        return EXIT_CANNOT_TEST
+    with directory:
+        return _serve(args, device, directory)
+
+
+def _serve(args: argparse.Namespace, device: str, directory: UserDirectory) -> int:
+    server = _Server.connect(device, directory)
     if args.status:
-        print(_describe(device, server))
+        print(_describe(device, server, directory))
         return 0
+    if server is not None and (args.stop or server.stale):
+        server.send({"stop": True})
+        server.sock.close()
+        _wait_gone(device, directory)
     if args.stop:
-        if server is not None:
-            server.send({"stop": True})
-            _wait_gone(device)
         print(f"{device}: stopped" if server else f"{device}: no warm server")
         return 0
-    if server is not None:
-        print(_describe(device, server))
+    if server is not None and not server.stale:
+        print(_describe(device, server, directory))
         return 0
     why = unavailable(device)
     if why:
         print(f"{device}: cannot start: {why}")
         return EXIT_CANNOT_TEST
-    proc = start_warm(device, args.idle)
+    return _start(device, args.idle, directory)
+
+
+def _start(device: str, idle_s: float, directory: UserDirectory) -> int:
+    """Start one and wait for it to answer. A `repro serve` started at the same moment may win
+    the server's lock: then this one's server exits at once and that one answers."""
+    log = directory.path / log_name(device)
+    try:
+        proc = start_warm(device, idle_s, directory)
+    except OSError as e:
+        print(f"{device}: cannot start: its log {log}: {e.strerror}")
+        return EXIT_CANNOT_TEST
     deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        server = _Server.connect(device)
-        if server is not None:
-            print(_describe(device, server))
+    while time.monotonic() < deadline and proc.poll() in (None, 0):
+        server = _Server.connect(device, directory)
+        if server is not None and not server.stale:
+            print(_describe(device, server, directory))
             return 0
         time.sleep(0.2)
-    print(f"{device}: the warm server did not start; its log: {warm_log(device)}")
+    print(f"{device}: the warm server did not start; its log: {log}")
     return EXIT_CANNOT_TEST
 
 
-def _describe(device: str, server: _Server | None) -> str:
+def _describe(device: str, server: _Server | None, directory: UserDirectory) -> str:
     if server is None:
         return f"{device}: no warm server"
+    where = directory.path / socket_name(device)
     versions = json.dumps(server.versions, sort_keys=True)
-    return f"{device}: warm server at {warm_socket(device)}, versions {versions}"
+    stale = " (stale: another installation; the next run replaces it)" if server.stale else ""
+    return f"{device}: warm server at {where}, pid {server.pid}, versions {versions}{stale}"
 
 
-def _wait_gone(device: str, timeout_s: float = 10.0) -> None:
+def _wait_gone(device: str, directory: UserDirectory, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while warm_socket(device).exists() and time.monotonic() < deadline:
+    while directory.exists(socket_name(device)) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -13,6 +13,7 @@ from harness import isolate
 from harness.fixes import ALL_FIXES
 from harness.isolate import Isolator, Job
 from harness.outcome import Outcome
+from harness.userdir import ENV_SERVER_DIR, UserDirectory
 from tests import procs
 from tests.test_bisect import CHECK_GRID, GRID_FIX, Repo
 
@@ -20,7 +21,7 @@ from tests.test_bisect import CHECK_GRID, GRID_FIX, Repo
 @pytest.fixture
 def server_dir(tmp_path, monkeypatch):
     """Warm servers of this test only: their own socket directory."""
-    monkeypatch.setenv(isolate.ENV_SERVER_DIR, str(tmp_path / "servers"))
+    monkeypatch.setenv(ENV_SERVER_DIR, str(tmp_path / "servers"))
     monkeypatch.setenv(isolate.ENV_SERVER, "auto")  # conftest turns warm servers off
     monkeypatch.setenv(procs.TAG, procs.new_tag())
     yield tmp_path / "servers"
@@ -71,15 +72,21 @@ def test_a_warm_server_exits_when_idle_and_when_its_socket_goes(server_dir) -> N
         assert gone, f"the warm server outlived its {how}"
 
 
+def connect(device: str) -> isolate._Server | None:
+    with UserDirectory.open() as directory:
+        return isolate._Server.connect(device, directory)
+
+
 def test_a_stale_warm_server_is_replaced(server_dir, monkeypatch) -> None:
     assert subprocess.run(procs.repro_command("serve", "--device", "cpu")).returncode == 0
-    first = isolate._Server.connect("cpu")
+    first = connect("cpu")
     first.sock.close()
     with monkeypatch.context() as patch:  # the installation changed under the warm server
         patch.setattr(isolate, "installed_versions", lambda: {"torch": "0.0.0"})
-        assert isolate._Server.connect("cpu") is None
+        with Isolator("fork") as isolator:
+            assert isolator._warm_server("cpu") is None
     assert procs.wait_until(lambda: not isolate._alive(first.pid), 30.0), "the stale one stays"
-    fresh = procs.wait_until(lambda: isolate._Server.connect("cpu"), 120.0, 0.2)
+    fresh = procs.wait_until(lambda: connect("cpu"), 120.0, 0.2)
     assert fresh is not None and fresh.pid != first.pid, "no fresh warm server replaced it"
     fresh.sock.close()
 
@@ -104,8 +111,9 @@ def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tm
     """A warm cuda server forks a spare (CUDA context made, no project imported) after each
     request; the next request with the same environment and GPU runs in it, any other gets a
     fresh fork and the spare is replaced. Here without a GPU the children say so (skipped)."""
-    isolate.start_warm("cuda", 120.0)
-    client = procs.wait_until(lambda: isolate._Server.connect("cuda"), 120.0, 0.2)
+    with UserDirectory.open() as directory:
+        isolate.start_warm("cuda", 120.0, directory)
+    client = procs.wait_until(lambda: connect("cuda"), 120.0, 0.2)
     assert client is not None, "the warm cuda server did not start"
     job = Job("test", "passes", "tests.children:passes", ALL_FIXES, "cuda", 60)
     env = isolate._child_env()
