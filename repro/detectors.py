@@ -56,7 +56,7 @@ class Detector:
     oracle: bool = False
 
     def job(
-        self, bug: BugRecord, scenario: str, fixes: Variant, device: str, cap: float | None
+        self, bug: BugRecord, scenario: str, fixes: Variant, device: str, cap: float | None = None
     ) -> Job:
         s = bug.scenario(scenario)
         env = self.env if self.oracle else ((ENV_ORACLE, "off"), *self.env)

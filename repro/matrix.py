@@ -89,9 +89,11 @@ def prepare_devices(isolator: Isolator, wanted: list[str]) -> list[str]:
 def writable(path: str, option: str) -> None:
     """A usage error unless `path` can be written as it will be: a temporary file beside it,
     renamed over it (tried now, before any run)."""
-    target = Path(path)
+    target = Path(os.path.realpath(path))
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
+    if target.exists() and not target.is_file():  # /dev/stdout, a pipe: written in place
+        return
     try:
         fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     except OSError as e:

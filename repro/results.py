@@ -56,6 +56,11 @@ SCHEMA_KEYWORDS = {
 }  # fmt: skip
 
 
+def _equal(a: object, b: object) -> bool:
+    """JSON equality: true is not 1."""
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
 def _problem(value: object, schema: dict, root: dict, where: str) -> str | None:
     if "$ref" in schema:
         schema = root["$defs"][schema["$ref"].removeprefix("#/$defs/")]
@@ -64,9 +69,9 @@ def _problem(value: object, schema: dict, root: dict, where: str) -> str | None:
         types = [types] if isinstance(types, str) else types
         if not any(_TYPES[t](value) for t in types):
             return f"{where}: {value!r:.60} is not of type {' or '.join(types)}"
-    if "const" in schema and value != schema["const"]:
+    if "const" in schema and not _equal(value, schema["const"]):
         return f"{where}: {value!r:.60} is not {schema['const']!r}"
-    if "enum" in schema and value not in schema["enum"]:
+    if "enum" in schema and not any(_equal(value, e) for e in schema["enum"]):
         return f"{where}: {value!r:.60} is not one of {', '.join(map(str, schema['enum']))}"
     if "anyOf" in schema and all(_problem(value, s, root, where) for s in schema["anyOf"]):
         return f"{where}: {value!r:.60} matches none of its allowed forms"
@@ -124,8 +129,14 @@ def write(path: str, doc: dict) -> None:
 
 
 def replace(path: str, text: str) -> None:
-    """Write `text` to `path` atomically: a killed writer leaves the old file or the new one."""
-    target = Path(path)
+    """Write `text` to `path` atomically: a killed writer leaves the old file or the new one. A
+    symlink is followed (it stays); a path that is not a regular file (/dev/stdout, a pipe) is
+    written in place."""
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():
+        with open(target, "w") as out:
+            out.write(text)
+        return
     fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w") as out:

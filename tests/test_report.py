@@ -9,7 +9,7 @@ import pytest
 
 from repro import report
 from repro.commands import dispatch
-from repro.results import document
+from repro.results import SCHEMA_FILE, SCHEMA_KEYWORDS, document, problem
 
 
 def run(bug, scenario, variant, device, outcome, expected, seed=0) -> dict:
@@ -137,3 +137,60 @@ def test_report_writes_files_and_refuses_other_json(tmp_path, capsys) -> None:
 @pytest.mark.parametrize("argv", [["report"], ["diff", "only-one.json"]])
 def test_report_and_diff_usage(argv, capsys) -> None:
     assert dispatch(argv) == 2
+
+
+def _paths(value, path=()):
+    """Every place in a JSON value, as a path of keys and indexes."""
+    yield path
+    if isinstance(value, (dict, list)):
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            yield from _paths(item, (*path, key))
+
+
+def _damaged(doc: dict):
+    """The document with one place removed or replaced by a value of another kind."""
+    for path in list(_paths(doc))[1:]:
+        for replacement in (None, "x", 1, 1.5, True, [], {}, "drop"):
+            copy = json.loads(json.dumps(doc))
+            parent = copy
+            for key in path[:-1]:
+                parent = parent[key]
+            if replacement == "drop":
+                if isinstance(parent, dict):
+                    del parent[path[-1]]
+                else:
+                    parent.pop(path[-1])
+            else:
+                parent[path[-1]] = replacement
+            yield path, copy
+
+
+def test_the_schema_uses_only_keywords_the_validator_knows() -> None:
+    def keywords(schema: dict):
+        yield from schema
+        for name in ("properties", "$defs"):
+            for sub in schema.get(name, {}).values():
+                yield from keywords(sub)
+        for name in ("items", "additionalProperties"):
+            if isinstance(schema.get(name), dict):
+                yield from keywords(schema[name])
+        for sub in schema.get("anyOf", ()):
+            yield from keywords(sub)
+
+    unknown = set(keywords(json.loads(SCHEMA_FILE.read_text()))) - SCHEMA_KEYWORDS
+    assert not unknown, f"results.schema.json uses keywords repro.results does not check: {unknown}"
+
+
+def test_the_validator_agrees_with_jsonschema_on_every_single_damage() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SCHEMA_FILE.read_text())
+    doc = document([*RUNS[:2], {**RUNS[2], "confirmation": "pass", "detector": "none"}])
+    doc["verdict"], doc["complete"] = {"exit": 1, "text": "PRESENT"}, True
+    assert problem(doc) is None
+    checked = 0
+    for path, damaged in _damaged(doc):
+        valid = jsonschema.Draft202012Validator(schema).is_valid(damaged)
+        found = problem(damaged)
+        assert (found is None) == valid, f"{path}: jsonschema says {valid}, repro says {found}"
+        checked += 1
+    assert checked > 500
