@@ -1,13 +1,14 @@
 """This user's directory for warm servers' sockets, their logs and locks, and run files: one that
 no one else controls, checked before every use.
 
-Where: `$REPRO_SERVER_DIR/repro-UID` when set, else `$XDG_RUNTIME_DIR/repro-UID`, else
-`TMPDIR/repro-UID`. It is used only while it is a real directory (not a symlink) owned by this
-uid with mode 0700; it is opened once per use (O_NOFOLLOW) and everything in it is reached
-through that descriptor, so a directory swapped after the check is never the one used. Files are
-opened with O_NOFOLLOW (a planted symlink is refused, never followed). Sockets are addressed as
-/proc/self/fd/FD/NAME: always short (AF_UNIX paths hold 107 bytes), whatever the temp dir's
-length. Whoever is at the other end of a socket is checked too (SO_PEERCRED), on both sides.
+Where: `$REPRO_SERVER_DIR/repro-UID` when set, else `$XDG_RUNTIME_DIR/repro-UID` (when that
+is a directory of this user's, as the XDG spec has it), else `TMPDIR/repro-UID`. It is used only
+while it is a real directory (not a symlink) owned by this uid with mode 0700; it is opened once
+per use (O_NOFOLLOW) and everything in it is reached through that descriptor, so a directory
+swapped after the check is never the one used. Files are opened with O_NOFOLLOW (a planted
+symlink is refused, never followed). Sockets are addressed as /proc/self/fd/FD/NAME: always short
+(AF_UNIX paths hold 107 bytes), whatever the temp dir's length. Whoever is at the other end of a
+socket is checked too (SO_PEERCRED), on both sides.
 
 Standard library only (the CLI parent and the fork server import it before torch); Linux.
 """
@@ -30,10 +31,19 @@ class UnsafeDirectory(Exception):
 
 
 def location() -> Path:
-    base = (
-        os.environ.get(ENV_SERVER_DIR) or os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    )
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and not _ours(runtime):  # another user's (kept across su): not the spec's
+        runtime = None
+    base = os.environ.get(ENV_SERVER_DIR) or runtime or tempfile.gettempdir()
     return Path(base) / f"repro-{os.getuid()}"
+
+
+def _ours(path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
 
 
 class UserDirectory:

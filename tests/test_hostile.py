@@ -562,3 +562,45 @@ def test_timeout_shortens_a_real_hang(tmp_path) -> None:
     env_run = run("run", *DUMMY, cwd=repo.path, env={"REPRO_TIMEOUT": "3"})
     assert env_run.returncode == 1 and "timeout" in env_run.stdout, env_run.stdout
     assert time.monotonic() - started < 60
+
+
+# -- the directory's own rules ----------------------------------------------------------------
+
+
+def test_the_directory_is_runtime_dir_only_when_that_is_this_users(tmp_path, monkeypatch) -> None:
+    from harness.userdir import location
+
+    uid = os.getuid()
+    monkeypatch.delenv(ENV_SERVER_DIR, raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert location() == tmp_path / f"repro-{uid}"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))
+    assert location() == tmp_path / "tmp" / f"repro-{uid}"
+    monkeypatch.setenv(ENV_SERVER_DIR, str(tmp_path / "mine"))
+    assert location() == tmp_path / "mine" / f"repro-{uid}"
+
+
+@pytest.mark.parametrize("how", ["mode 0755", "symlink", "log symlink"])
+def test_a_directory_of_ours_that_is_not_safe_is_refused(server_dir, tmp_path, how) -> None:
+    target = tmp_path / "precious"
+    target.write_text("keep\n")
+    if how == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        server_dir.parent.mkdir()
+        server_dir.symlink_to(tmp_path / "elsewhere")
+    else:
+        server_dir.mkdir(parents=True, mode=0o700)
+        server_dir.chmod(0o755 if how == "mode 0755" else 0o700)
+    if how == "log symlink":
+        (server_dir / "server-cpu.log").symlink_to(target)
+    served = run("serve", "--device", "cpu")
+    assert served.returncode == 125, served.stdout + served.stderr
+    shown = {"mode 0755": "mode 0755, not 0700", "symlink": "a symlink", "log symlink": "its log"}
+    assert shown[how] in served.stdout
+    assert target.read_text() == "keep\n"
+    if how != "log symlink":
+        done = run("check", *DUMMY, env=WARM)
+        assert done.returncode == 0 and "not using warm servers" in done.stderr, done.stderr
