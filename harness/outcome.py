@@ -87,9 +87,13 @@ _DEVICE_ASSERT = re.compile(
     r"device-side assert triggered|Assertion `.*` failed|CUDA_ERROR_ASSERT|"
     r"IndexError: index out of range in self"
 )
+# cudaErrorInvalidAddressSpace (717): a load or store through an address in no memory space a
+# thread may use (a wild pointer beyond the global window): on an H100 some runs of one scenario
+# that reads a poisoned plan fault with it instead of cudaErrorIllegalAddress.
 _ILLEGAL_ADDRESS = re.compile(
     r"illegal memory access|CUDA_ERROR_ILLEGAL_ADDRESS|misaligned address|"
-    r"unspecified launch failure|CUDA_ERROR_LAUNCH_FAILED"
+    r"unspecified launch failure|CUDA_ERROR_LAUNCH_FAILED|"
+    r"operation not supported on global/shared address space|CUDA_ERROR_INVALID_ADDRESS_SPACE"
 )
 # memcheck, initcheck, synccheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: N
 # hazards displayed (E errors, W warnings)" (warnings alone are not errors)

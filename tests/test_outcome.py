@@ -59,6 +59,19 @@ def exited(code: int | None, report: dict | None = None, stderr: str = "", **kw)
             ),
             Outcome.ILLEGAL_ADDRESS,
         ),
+        (  # seen on an H100: spec_capture_state's poisoned plan, some runs (cudaError 717)
+            exited(
+                0,
+                {
+                    "status": "exception",
+                    "type": "AcceleratorError",
+                    "message": "CUDA error: operation not supported on global/shared address "
+                    "space\nSearch for `cudaErrorInvalidAddressSpace'",
+                    "origin": "code",
+                },
+            ),
+            Outcome.ILLEGAL_ADDRESS,
+        ),
         (
             exited(0, {"status": "exception", "type": "ValueError", "message": "bad shape"}),
             Outcome.ERROR,
