@@ -52,7 +52,8 @@ from harness import lifetime
 from harness.userdir import UserDirectory, peer
 
 PROJECT_PACKAGES = ("harness", "kernels", "repro", "tests")
-PROTOCOL = 4  # bumped with any change of the messages: a client replaces an older warm server
+PROTOCOL = 4  # bumped with any change of the messages or of what a server checks: a client
+# replaces an older warm server
 LOCK_WAIT_S = 10.0  # a second warm server for one socket waits this long for the lock, then exits
 
 
@@ -238,7 +239,11 @@ class _Server:
     def _accept(self) -> None:
         """A client of this uid only (SO_PEERCRED): any other gets no hello, only a close."""
         sock = self.listener.accept()[0]
-        if peer(sock)[1] != os.getuid():
+        try:
+            mine = peer(sock)[1] == os.getuid()
+        except OSError:  # gone already
+            mine = False
+        if not mine:
             sock.close()
             return
         self.add(sock)

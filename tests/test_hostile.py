@@ -486,6 +486,24 @@ def test_a_closed_pipe_keeps_the_verdict(unbuffered) -> None:
     assert proc.returncode == 1, err
 
 
+@pytest.mark.lora_dummy_run
+def test_check_piped_into_head_exits_1() -> None:
+    command = " ".join(f"'{a}'" for a in procs.repro_command("check", *DUMMY, "--variant", "buggy"))
+    script = f'{command} 2>/dev/null | head -1; echo "exit ${{PIPESTATUS[0]}}"'
+    done = subprocess.run(
+        ["bash", "-c", script],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    first, code = done.stdout.strip().splitlines()
+    assert first.startswith("lora_dummy_run [buggy, cpu]: PRESENT") and code == "exit 1", (
+        done.stdout
+    )
+
+
 FAKE_STALE = r"""
 import json, os, socket, sys
 sys.path.insert(0, sys.argv[1])
