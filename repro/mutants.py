@@ -33,9 +33,10 @@ from pathlib import Path
 
 from harness import device as devices
 from harness.fixes import UsageError
-from harness.isolate import ROOT
+from harness.isolate import ENV_SERVER, ROOT
 from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED
 from harness.record import Mutant
+from harness.userdir import ENV_SERVER_DIR
 from repro import registry
 from repro.commands import print_table, unavailable
 from repro.matrix import writable
@@ -141,7 +142,10 @@ def _run(chosen, devices_: list[str], jobs: int, json_path: str | None):
     todo = [(b, m, d) for d in devices_ for b, m in chosen]
     cells: dict[int, Cell] = {}
     running: dict[int, tuple[subprocess.Popen, Path, float]] = {}
-    with tempfile.TemporaryDirectory(prefix="repro-mutants-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="repro-mutants-") as tmp,
+        _warm_servers(devices_, Path(tmp) / "servers") as env,
+    ):
         pristine = Path(tmp) / "tree"
         for name in TREE:
             shutil.copytree(
@@ -152,7 +156,7 @@ def _run(chosen, devices_: list[str], jobs: int, json_path: str | None):
             while queue or running:
                 while queue and len(running) < jobs:
                     i, (bug, mutant, device) = queue.pop(0)
-                    started = _start(bug, mutant, device, pristine, Path(tmp) / f"m{i}")
+                    started = _start(bug, mutant, device, pristine, Path(tmp) / f"m{i}", env)
                     if isinstance(started, Cell):
                         cells[i] = started
                     else:
@@ -180,7 +184,28 @@ def _run(chosen, devices_: list[str], jobs: int, json_path: str | None):
     return [cells[i] for i in sorted(cells)], False
 
 
-def _start(bug: str, mutant: Mutant, device: str, pristine: Path, copy: Path):
+@contextlib.contextmanager
+def _warm_servers(devices_: list[str], directory: Path):
+    """Warm servers of this run alone, one per device, for every check (each would otherwise
+    import torch for a server of its own); the checks' environment. Their children import each
+    mutant's copy, never this tree. A server that does not start leaves checks to their own;
+    $REPRO_SERVER=off starts none."""
+    if os.environ.get(ENV_SERVER) == "off":
+        yield dict(os.environ)
+        return
+    env = {**os.environ, ENV_SERVER: "auto", ENV_SERVER_DIR: str(directory)}
+    serve = [sys.executable, "-m", "repro", "serve", "--idle", str(CHECK_TIMEOUT_S)]
+    quiet = {"cwd": ROOT, "env": env, "stdout": subprocess.DEVNULL, "check": False}
+    try:
+        for device in devices_:
+            subprocess.run([*serve, "--device", device], **quiet)
+        yield env
+    finally:
+        for device in devices_:
+            subprocess.run([*serve, "--device", device, "--stop"], **quiet)
+
+
+def _start(bug: str, mutant: Mutant, device: str, pristine: Path, copy: Path, env: dict):
     """The check's process and copy, or a Cell when there is nothing to run."""
     if device not in mutant.devices:
         return Cell(
@@ -192,7 +217,7 @@ def _start(bug: str, mutant: Mutant, device: str, pristine: Path, copy: Path):
     shutil.copytree(pristine, copy)
     path = copy / mutant.file
     path.write_text(path.read_text().replace(mutant.old, mutant.new))
-    env = dict(os.environ)
+    env = dict(env)
     if mutant.file.startswith("csrc/"):
         env["REPRO_CACHE_DIR"] = str(copy / ".cache")  # the mutant's own build
     proc = subprocess.Popen(

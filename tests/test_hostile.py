@@ -218,7 +218,7 @@ def test_a_warm_server_killed_mid_check_runs_again_on_a_private_one(server_dir) 
     tag = os.environ[procs.TAG]
     assert run("serve", "--device", "cpu", "--idle", "120").returncode == 0
     server = warm_server(tag)
-    proc = start(tag, "check", "lora_dummy_run", "--device", "cpu", env=WARM)
+    proc = start(tag, "check", *DUMMY, env=WARM)
     children = lambda: [p for p in procs.tagged(tag) if procs.parent_of(p) == server]
     assert procs.wait_until(children, 60.0, 0.005), "no child of the warm server appeared"
     os.kill(server, signal.SIGKILL)
@@ -231,13 +231,13 @@ def test_a_matrix_survives_its_warm_server_and_writes_its_files(server_dir, tmp_
     tag = os.environ[procs.TAG]
     assert run("serve", "--device", "cpu", "--idle", "120").returncode == 0
     server = warm_server(tag)
-    argv = ("matrix", "--bug", "lora_dummy_run", "--device", "cpu", "--repeat", "2")
+    argv = ("matrix", "--bug", "lora_dummy_run", "--device", "cpu")
     files = ("--json", str(tmp_path / "m.json"), "--junit", str(tmp_path / "m.xml"))
     proc = start(tag, *argv, *files, env=WARM)
     first_progress_line(proc)
     os.kill(server, signal.SIGKILL)
     out, _ = proc.communicate(timeout=240)
-    runs = 2 * DUMMY_RUNS
+    runs = DUMMY_RUNS
     assert proc.returncode == 0, out
     assert f"{runs}/{runs} runs as expected" in out
     doc = json.loads((tmp_path / "m.json").read_text())
@@ -248,13 +248,13 @@ def test_a_stopped_server_is_replaced_and_every_run_counts_once() -> None:
     """SIGSTOP the private server: its children finish unreported; the client notices, kills it,
     runs them again on a fresh one; no run is a timeout, none is counted twice."""
     tag = procs.new_tag()
-    argv = ("matrix", "--bug", "lora_dummy_run", "--device", "cpu", "--repeat", "3")
+    argv = ("matrix", "--bug", "lora_dummy_run", "--device", "cpu")
     proc = start(tag, *argv)
     victim = procs.wait_until(lambda: child_of_server(proc.pid, tag) and server_of(proc.pid, tag))
     assert victim, "no server with a child appeared"
     os.kill(victim, signal.SIGSTOP)
     out, _ = proc.communicate(timeout=240)
-    runs = 3 * DUMMY_RUNS
+    runs = DUMMY_RUNS
     progress = re.findall(r"^\[\s*(\d+)/(\d+)\]", out, re.MULTILINE)
     assert [int(done) for done, _ in progress] == list(range(1, runs + 1)), out
     assert {int(total) for _, total in progress} == {runs}
