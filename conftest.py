@@ -12,8 +12,8 @@ import pytest
 from hypothesis import settings
 
 from harness import device as devices
-from harness.isolate import ENV_SERVER
 from harness.outcome import ENV_ORACLE
+from harness.servers import ENV_SERVER
 
 DEVICE_KEY = pytest.StashKey[str]()
 

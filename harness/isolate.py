@@ -28,7 +28,6 @@ import os
 import selectors
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,11 +39,18 @@ from pathlib import Path
 from harness import device as devices
 from harness import lifetime
 from harness.fixes import Variant
-from harness.forkserver import PROTOCOL, installed_versions
-from harness.outcome import ENV_ORACLE, ChildExit, Outcome, classify
-from harness.userdir import UnsafeDirectory, UserDirectory, peer
+from harness.outcome import ChildExit, Outcome, classify
+from harness.servers import (
+    BOOT,
+    ENV_SERVER,
+    ROOT,
+    WARM_IDLE_S,
+    Server,
+    child_env,
+    start_warm,
+)
+from harness.userdir import UnsafeDirectory, UserDirectory
 
-ROOT = Path(__file__).resolve().parent.parent
 MODES = ("fork", "spawn")
 ENV_ISOLATION = "REPRO_ISOLATION"
 SERVER_START_S = 120.0  # a server's preload (importing torch on a loaded machine)
@@ -54,17 +60,7 @@ REAP_AFTER_KILL_S = 30.0  # a killed child stuck in the driver: give up on its e
 REPORT_AFTER_EXIT_S = 10.0  # a fork server reports a child's exit; one that does not is hung
 SANITIZER_SLOWDOWN = 10.0  # compute-sanitizer instruments every kernel: scale time limits
 SANITIZER_TOOLS = ("memcheck", "initcheck", "racecheck", "synccheck")
-# `python -c`: sys.path[0] would be the working directory; the tree is ROOT, passed as argv[1].
-_BOOT = "import sys; sys.path[:] = [sys.argv[1], *(p for p in sys.path if p)]; "
-SERVER_BOOT = _BOOT + "from harness.forkserver import serve; serve(sys.argv[2], int(sys.argv[3]))"
-WARM_BOOT = (
-    _BOOT + "from harness.forkserver import serve_warm; "
-    "serve_warm(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))"
-)
-CHILD_BOOT = _BOOT + "from harness.child import spawned; spawned(sys.argv[2])"
-ENV_SERVER = "REPRO_SERVER"  # auto: use a warm server when one runs (repro serve); off: never
-WARM_HELLO_S = 5.0  # a warm server that does not say hello by then is not used
-WARM_IDLE_S = 600.0  # a warm server exits after this long without a client
+CHILD_BOOT = BOOT + "from harness.child import spawned; spawned(sys.argv[2])"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,47 +114,6 @@ class Interrupted(KeyboardInterrupt):
         self.results = results
 
 
-def _child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != ENV_ORACLE}  # per job only
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("OMP_NUM_THREADS", "1")  # many children at once; scenarios are tiny
-    return env
-
-
-def _tail(path: Path, lines: int = 12) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def socket_name(device: str) -> str:
-    return f"server-{device}.sock"
-
-
-def log_name(device: str) -> str:
-    return f"server-{device}.log"
-
-
-def start_warm(device: str, idle_s: float, directory: UserDirectory, root: Path = ROOT):
-    """A detached warm server for `device` in `directory` (it inherits the directory's open
-    descriptor; its socket appears once torch is imported). OSError: its log cannot be opened
-    (a symlink planted there is refused)."""
-    log = directory.open_file(log_name(device), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-c", WARM_BOOT, str(root), device, str(directory.fd), str(idle_s)],
-            pass_fds=(directory.fd,),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=_child_env(),
-            start_new_session=True,
-        )
-    finally:
-        os.close(log)
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -190,7 +145,7 @@ class _Run:
     directory: Path
     started: float
     deadline: float  # fork: for the server's answer, then the time limit; spawn: time limit
-    server: _Server | None = None
+    server: Server | None = None
     proc: subprocess.Popen | None = None
     pidfd: int | None = None
     pid: int | None = None
@@ -199,96 +154,6 @@ class _Run:
     exited: bool = False  # forked: the child is gone, its server has yet to report it
     timed_out: bool = False  # past its limit: asked for its stacks, then killed
     killed: bool = False
-
-
-class _Server:
-    """Client side of one fork server (harness.forkserver): a private one over a socket pair
-    (`start`), or a warm one on its per-user socket (`connect`)."""
-
-    def __init__(self, device: str, sock: socket.socket, log: Path | None, proc) -> None:
-        self.device, self.sock, self.log, self.proc = device, sock, log, proc
-        self.buffer, self.started, self.ready = b"", time.monotonic(), False
-        self.versions: dict[str, str] = {}
-        self.pid: int | None = proc.pid if proc is not None else None
-        self.stale = False  # a warm server of another protocol or installation
-        self.runs: dict[int, _Run] = {}  # request id -> run
-
-    @classmethod
-    def start(cls, device: str, root: Path, log: Path) -> _Server:
-        ours, theirs = socket.socketpair()
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", SERVER_BOOT, str(root), device, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=_child_env(),
-                start_new_session=True,
-            )
-        theirs.close()
-        return cls(device, ours, log, proc)
-
-    @classmethod
-    def connect(cls, device: str, directory: UserDirectory) -> _Server | None:
-        """The warm server of `device` in `directory`, if one of this user's runs there and
-        answers (`stale` when it does not match this installation)."""
-        if not directory.exists(socket_name(device)):
-            return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(WARM_HELLO_S)
-        try:
-            sock.connect(directory.address(socket_name(device)))
-            pid, uid = peer(sock)
-            if uid != os.getuid():
-                print(
-                    f"repro: {directory.path / socket_name(device)} is served by uid {uid}, "
-                    "not by this user: not used",
-                    file=sys.stderr,
-                )
-                sock.close()
-                return None
-            hello = json.loads(sock.makefile("rb").readline())
-        except (OSError, ValueError):
-            sock.close()
-            return None
-        sock.settimeout(None)
-        server = cls(device, sock, None, None)
-        server.ready, server.versions, server.pid = True, hello.get("versions", {}), pid
-        server.log = directory.path / log_name(device)
-        server.stale = hello.get("protocol") != PROTOCOL or server.versions != installed_versions()
-        return server
-
-    def send(self, message: dict) -> bool:
-        """False when the server is gone."""
-        try:
-            self.sock.sendall((json.dumps(message) + "\n").encode())
-        except OSError:
-            return False
-        return True
-
-    def receive(self) -> list[dict] | None:
-        """The complete messages that arrived; None when the server is gone."""
-        try:
-            chunk = self.sock.recv(1 << 16)
-        except OSError:
-            chunk = b""
-        if not chunk:
-            return None
-        *lines, self.buffer = (self.buffer + chunk).split(b"\n")
-        return [json.loads(line) for line in lines if line.strip()]
-
-    def evidence(self) -> str:
-        return _tail(self.log) if self.proc else f"(a warm server: its log is {self.log})"
-
-    def stop(self) -> None:
-        """A private server: kill it (its children die with it: parent-death signal) and reap
-        it. A warm one: leave (it kills this connection's children and stays warm)."""
-        if self.proc is not None:
-            self.proc.kill()
-        self.sock.close()
-        if self.proc is not None:
-            self.proc.wait()
 
 
 class Isolator:
@@ -311,9 +176,9 @@ class Isolator:
         self.use_warm = self.use_warm and self.userdir is not None
         self.root, self.directory = root, _run_directory(self.userdir)
         self.gpus = devices.visible_gpus()  # cuda children are spread over them
-        self.env = _child_env()  # what every child runs with, whichever server forks it
+        self.env = child_env()  # what every child runs with, whichever server forks it
         self.selector = selectors.DefaultSelector()
-        self.servers: dict[str, _Server] = {}
+        self.servers: dict[str, Server] = {}
         self.restarted: set[str] = set()
         self.broken: dict[str, str] = {}  # device -> why its server cannot serve
         self.ids = itertools.count()
@@ -336,21 +201,21 @@ class Isolator:
         if self.mode == "fork":
             self._server(device)
 
-    def _server(self, device: str) -> _Server:
+    def _server(self, device: str) -> Server:
         """The device's server: a warm one if it runs (`repro serve`), else a private one."""
         if device not in self.servers:
             server = self._warm_server(device) if self.use_warm and self.mode == "fork" else None
             if server is None:
                 log = self.directory / f"server-{device}-{next(self.ids)}.log"
-                server = _Server.start(device, self.root, log)
+                server = Server.start(device, self.root, log)
             self.servers[device] = server
             self.selector.register(server.sock, selectors.EVENT_READ, server)
         return self.servers[device]
 
-    def _warm_server(self, device: str) -> _Server | None:
+    def _warm_server(self, device: str) -> Server | None:
         """The warm server (`repro serve`) if one runs; a stale one is stopped and a fresh one
         started for the next run (this one runs on a private server)."""
-        server = _Server.connect(device, self.userdir)
+        server = Server.connect(device, self.userdir)
         if server is not None and server.stale:
             server.send({"stop": True})
             server.sock.close()
@@ -359,7 +224,7 @@ class Isolator:
             return None
         return server
 
-    def _drop(self, server: _Server) -> None:
+    def _drop(self, server: Server) -> None:
         self.selector.unregister(server.sock)
         server.stop()
         if self.servers.get(server.device) is server:
@@ -449,7 +314,7 @@ class _Batch:
         self.gpu_load[gpu] += 1
         return gpu
 
-    def _answer_deadline(self, server: _Server) -> float:
+    def _answer_deadline(self, server: Server) -> float:
         if server.ready:
             return time.monotonic() + FORK_ANSWER_S
         return server.started + SERVER_START_S + FORK_ANSWER_S
@@ -484,7 +349,7 @@ class _Batch:
             return
         timeout = max(0.0, min(r.deadline for r in self.running) - time.monotonic())
         for key, _ in self.iso.selector.select(timeout):
-            if isinstance(key.data, _Server):
+            if isinstance(key.data, Server):
                 if self.iso.servers.get(key.data.device) is key.data:  # not dropped meanwhile
                     self._on_server(key.data)
             elif key.data not in self.running:
@@ -494,7 +359,7 @@ class _Batch:
             else:  # a forked child exited: its server reports it soon
                 self._exited(key.data)
 
-    def _on_server(self, server: _Server) -> None:
+    def _on_server(self, server: Server) -> None:
         messages = server.receive()
         if messages is None:
             self._server_died(server)
@@ -551,7 +416,7 @@ class _Batch:
             else:
                 self._done(run, Outcome.TIMEOUT, "killed at its time limit, then never reaped")
 
-    def _server_died(self, server: _Server, why: str = "exited") -> None:
+    def _server_died(self, server: Server, why: str = "exited") -> None:
         """Its runs run again, once per device, on a fresh private server (a dead warm server
         is not asked again); if the server had never served, or the fresh one dies too, its
         runs fail (`error`: cannot test)."""

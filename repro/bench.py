@@ -27,7 +27,8 @@ from pathlib import Path
 
 from harness import device as devices
 from harness.fixes import ALL_FIXES, UsageError
-from harness.isolate import ENV_SERVER, Isolator, Job
+from harness.isolate import Isolator, Job
+from harness.servers import ENV_SERVER
 from harness.userdir import ENV_SERVER_DIR
 from repro.commands import device_choice, print_table, unavailable
 from repro.matrix import writable

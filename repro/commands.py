@@ -22,7 +22,6 @@ from harness.child import PREPARE
 from harness.fixes import ALL_FIXES, UsageError, Variant, describe, parse_fix, select_variant
 from harness.isolate import (
     ENV_ISOLATION,
-    ENV_SERVER,
     MODES,
     SANITIZER_TOOLS,
     Interrupted,
@@ -38,6 +37,7 @@ from harness.outcome import (
     exit_code,
 )
 from harness.record import BugRecord
+from harness.servers import ENV_SERVER
 from harness.userdir import ENV_SERVER_DIR
 from repro import registry
 

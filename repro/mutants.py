@@ -33,9 +33,9 @@ from pathlib import Path
 
 from harness import device as devices
 from harness.fixes import UsageError
-from harness.isolate import ENV_SERVER, ROOT
 from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED
 from harness.record import Mutant
+from harness.servers import ENV_SERVER, ROOT
 from harness.userdir import ENV_SERVER_DIR
 from repro import registry
 from repro.commands import print_table, unavailable

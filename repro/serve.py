@@ -28,8 +28,8 @@ import time
 
 from harness import device as devices
 from harness.fixes import UsageError
-from harness.isolate import WARM_IDLE_S, _Server, log_name, socket_name, start_warm
 from harness.outcome import EXIT_CANNOT_TEST
+from harness.servers import WARM_IDLE_S, Server, log_name, socket_name, start_warm
 from harness.userdir import UnsafeDirectory, UserDirectory
 from repro.commands import device_choice, unavailable
 
@@ -63,7 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, device: str, directory: UserDirectory) -> int:
-    server = _Server.connect(device, directory)
+    server = Server.connect(device, directory)
     if args.status:
         print(_describe(device, server, directory))
         return 0
@@ -95,7 +95,7 @@ def _start(device: str, idle_s: float, directory: UserDirectory) -> int:
         return EXIT_CANNOT_TEST
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline and proc.poll() in (None, 0):
-        server = _Server.connect(device, directory)
+        server = Server.connect(device, directory)
         if server is not None and not server.stale:
             print(_describe(device, server, directory))
             return 0
@@ -104,7 +104,7 @@ def _start(device: str, idle_s: float, directory: UserDirectory) -> int:
     return EXIT_CANNOT_TEST
 
 
-def _describe(device: str, server: _Server | None, directory: UserDirectory) -> str:
+def _describe(device: str, server: Server | None, directory: UserDirectory) -> str:
     if server is None:
         return f"{device}: no warm server"
     where = directory.path / socket_name(device)

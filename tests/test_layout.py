@@ -22,6 +22,7 @@ RUNNER_FORBIDDEN = {
     "harness.record",
     "harness.child",
     "harness.isolate",
+    "harness.servers",
 }
 # What the CLI parent and the fork server import before any child: standard library only
 # (plus each other), so that argument checks and verdicts never wait for torch.
@@ -36,6 +37,8 @@ LIGHT = [
     "repro/results.py",
     "repro/registry.py",
     "harness/isolate.py",
+    "harness/servers.py",
+    "harness/userdir.py",
     "harness/child.py",
     "harness/forkserver.py",
     "harness/lifetime.py",

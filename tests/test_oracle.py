@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.isolate import _child_env
 from harness.oracle import Guarded, expect_all, mismatch
 from harness.outcome import ENV_ORACLE, WrongResult
 from harness.runner.poison import poisoned_allocations
+from harness.servers import child_env
 
 
 def test_poisoned_allocations_fill_and_restore(device: str) -> None:
@@ -51,7 +51,7 @@ def test_with_the_oracle_off_problems_are_printed_not_raised(monkeypatch, capsys
 
 def test_children_never_inherit_the_oracle_switch(monkeypatch) -> None:
     monkeypatch.setenv(ENV_ORACLE, "off")
-    assert ENV_ORACLE not in _child_env()
+    assert ENV_ORACLE not in child_env()
 
 
 def test_guarded_buffer_reports_trampled_rows() -> None:

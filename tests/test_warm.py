@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from harness import device as devices
-from harness import isolate
+from harness import isolate, servers
 from harness.fixes import ALL_FIXES
 from harness.isolate import Isolator, Job
 from harness.outcome import Outcome
@@ -22,7 +22,7 @@ from tests.test_bisect import CHECK_GRID, GRID_FIX, Repo
 def server_dir(tmp_path, monkeypatch):
     """Warm servers of this test only: their own socket directory."""
     monkeypatch.setenv(ENV_SERVER_DIR, str(tmp_path / "servers"))
-    monkeypatch.setenv(isolate.ENV_SERVER, "auto")  # conftest turns warm servers off
+    monkeypatch.setenv(servers.ENV_SERVER, "auto")  # conftest turns warm servers off
     monkeypatch.setenv(procs.TAG, procs.new_tag())
     yield tmp_path / "servers"
     subprocess.run(procs.repro_command("serve", "--device", "cpu", "--stop"), check=False)
@@ -72,9 +72,9 @@ def test_a_warm_server_exits_when_idle_and_when_its_socket_goes(server_dir) -> N
         assert gone, f"the warm server outlived its {how}"
 
 
-def connect(device: str) -> isolate._Server | None:
+def connect(device: str) -> servers.Server | None:
     with UserDirectory.open() as directory:
-        return isolate._Server.connect(device, directory)
+        return servers.Server.connect(device, directory)
 
 
 def test_a_stale_warm_server_is_replaced(server_dir, monkeypatch) -> None:
@@ -82,7 +82,7 @@ def test_a_stale_warm_server_is_replaced(server_dir, monkeypatch) -> None:
     first = connect("cpu")
     first.sock.close()
     with monkeypatch.context() as patch:  # the installation changed under the warm server
-        patch.setattr(isolate, "installed_versions", lambda: {"torch": "0.0.0"})
+        patch.setattr(servers, "installed_versions", lambda: {"torch": "0.0.0"})
         with Isolator("fork") as isolator:
             assert isolator._warm_server("cpu") is None
     assert procs.wait_until(lambda: not isolate._alive(first.pid), 30.0), "the stale one stays"
@@ -112,11 +112,11 @@ def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tm
     request; the next request with the same environment and GPU runs in it, any other gets a
     fresh fork and the spare is replaced. Here without a GPU the children say so (skipped)."""
     with UserDirectory.open() as directory:
-        isolate.start_warm("cuda", 120.0, directory)
+        servers.start_warm("cuda", 120.0, directory)
     client = procs.wait_until(lambda: connect("cuda"), 120.0, 0.2)
     assert client is not None, "the warm cuda server did not start"
     job = Job("test", "passes", "tests.children:passes", ALL_FIXES, "cuda", 60)
-    env = isolate._child_env()
+    env = servers.child_env()
 
     def run(rid: int, env: dict) -> tuple[int, dict]:
         directory = tmp_path / f"job-{rid}"
