@@ -4,17 +4,21 @@ Each job runs in a child process: forked from a fork server per device (harness.
 the default), or a fresh interpreter (`REPRO_ISOLATION=spawn`, and always under
 compute-sanitizer). Servers and children import the project from this file's tree (ROOT), never
 from the caller's working directory. One thread drives every child through a selector over the
-servers' sockets and the spawned children's pidfds, so that:
+servers' sockets (harness.servers) and every child's pidfd, so that:
 - a child's time limit kills its whole group (outcome `timeout`); each child also carries its
   own limit (harness.lifetime), in case nobody is left to enforce this one;
 - children and servers die with this process: a server whose socket closes kills its children,
   and every child has a parent-death signal;
-- a server that dies is noticed at once and restarted once (its runs in flight run again); one
-  that cannot start fails its runs (`error`, its output as evidence) as soon as it exits;
+- a server that dies, or does not report a child that exited (stopped, hung), is replaced once
+  by a fresh private one (a dead warm server is not asked again) and its runs in flight run
+  again, each recorded once; one that cannot start fails its runs (`error`, its output as
+  evidence) as soon as it exits;
 - Ctrl-C (KeyboardInterrupt) kills every child's group and every server, then raises
   Interrupted with a result for every job (`skipped`, "interrupted", for the unfinished).
-Each Isolator keeps its files in one temporary directory, removed at close; directories left by
-a process that was killed are removed by the next Isolator.
+Each Isolator keeps its files in one temporary directory of the user's directory
+(harness.userdir), removed at close; directories left by a process that was killed are removed
+by the next Isolator. Where the user's directory is not safe, no warm server is used and the
+files go to a private temporary directory.
 """
 
 from __future__ import annotations
