@@ -37,6 +37,49 @@ class Expect:
     why: str = ""
 
 
+GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
+WAKES = ("all at once", "staged")  # wake_up() / wake_up([weights]) then wake_up([kv_cache])
+ADAPTER_STATES = ("enabled", "disabled", "absent", "evicted")  # disabled: no expert weights
+
+
+@dataclass(frozen=True, slots=True)
+class Axes:
+    """The configurations a scenario runs, on the axes that can matter to its bug (empty: the
+    axis does not apply). `repro info` shows them; values outside the vocabularies above are
+    refused when the record is built."""
+
+    graph_modes: tuple[str, ...] = ()
+    capture_sizes: tuple[int, ...] = ()  # the graph sizes replayed
+    steps_per_size: int = 0  # the most steps, of different lengths, replayed at one size
+    sleep_levels: tuple[int, ...] = ()
+    wakes: tuple[str, ...] = ()
+    adapters: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        vocabularies = (
+            ("graph_modes", GRAPH_MODES),
+            ("sleep_levels", (1, 2)),
+            ("wakes", WAKES),
+            ("adapters", ADAPTER_STATES),
+        )
+        for name, vocabulary in vocabularies:
+            unknown = set(getattr(self, name)) - set(vocabulary)
+            if unknown:
+                raise ValueError(f"axis {name}: unknown {sorted(unknown)}; known: {vocabulary}")
+
+    def lines(self) -> list[str]:
+        """One `axis: values` line per axis set."""
+        shown = {
+            "graph modes": ", ".join(self.graph_modes),
+            "capture sizes": ", ".join(map(str, self.capture_sizes)),
+            "steps per size": str(self.steps_per_size) if self.steps_per_size else "",
+            "sleep levels": ", ".join(map(str, self.sleep_levels)),
+            "wake": ", ".join(self.wakes),
+            "adapters": ", ".join(self.adapters),
+        }
+        return [f"{axis}: {values}" for axis, values in shown.items() if values]
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     """Function `name` of the bug's scenarios module: (Context) -> one-line summary, raising
@@ -45,6 +88,7 @@ class Scenario:
     name: str
     expects: tuple[Expect, ...]
     timeout_s: float = 120.0
+    axes: Axes = Axes()
 
     def expected(self, fixes: Variant, device: str) -> Outcome:
         for rule in self.expects:

@@ -279,6 +279,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     for s in bug.scenarios:
         print(f"\nscenario {s.name}  (repro run {bug.id} --scenario {s.name})")
         print("  " + docs[s.name].replace("\n", "\n  "))
+        for line in s.axes.lines():
+            print(f"  axis {line}")
         for rule in s.expects:
             parts = " or ".join(sorted(f.value for f in rule.missing))
             why = f"  ({rule.why})" if rule.why else ""

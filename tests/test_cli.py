@@ -49,6 +49,7 @@ def test_info_shows_the_record(capsys) -> None:
         "scenario oob_lora_id",
         "without moe_align_grid_plus_one: cpu pass",
         "#32277",
+        "axis adapters: enabled, disabled, absent, evicted",
     ):
         assert text in out
 

@@ -82,6 +82,52 @@ def test_what_capture_allocates_holds_poison_until_a_replay(device) -> None:
     assert (ints == 7).all().item() and floats.tolist() == [6.0] * 4
 
 
+@pytest.mark.moe_lora_consumer_grid
+def test_tensor_ops_in_capture_run_at_every_replay(device) -> None:
+    """Ops outside the Launcher are device work a graph records too: a zeros() made in capture
+    is zeroed again at every replay, a direct in-place op and a functional one run there."""
+    launch, inp = Launcher(), torch.zeros(4, device=device)
+    with capturing(launch, device, None) as graph:
+        acc = torch.zeros(4, device=device)  # a captured memset
+        launch(acc.add_, inp)
+        acc.add_(1.0)  # direct, in place: recorded, not run
+        out = acc * 2.0  # direct, functional: allocated now, written at replay
+    assert out.isnan().all().item(), "not run at capture: poison"
+    for value in (0.0, 3.0, 3.0):
+        inp.fill_(value)
+        graph.replay()
+        assert acc.tolist() == [value + 1.0] * 4, "zeroed again at every replay"
+        assert out.tolist() == [2.0 * (value + 1.0)] * 4
+
+
+REBINDS = {
+    "data": lambda t, new: setattr(t, "data", new),
+    "set_": lambda t, new: t.set_(new),
+}
+
+
+@pytest.mark.block_table_graph_wake
+@pytest.mark.parametrize("rebind", sorted(REBINDS))
+def test_replay_keeps_the_storage_capture_saw(device, rebind) -> None:
+    """A graph holds addresses: after `.data =` or `set_()` the object has a new storage, and
+    replay still reads and writes the old one (the CPU emulation binds storages too)."""
+    launch = Launcher()
+    inp, out = torch.full((4,), 2.0, device=device), torch.zeros(4, device=device)
+    with capturing(launch, device, None) as graph:
+        launch(torch.mul, inp, 3.0, out=out)
+        launch(out.add_, 1.0)  # a method of a captured tensor
+    old_inp, old_out = inp.data, out.data  # the captured storages (aliases of them)
+    REBINDS[rebind](inp, torch.full((4,), 5.0, device=device))
+    REBINDS[rebind](out, torch.full((4,), -1.0, device=device))
+    assert inp.data_ptr() != old_inp.data_ptr() and out.data_ptr() != old_out.data_ptr()
+    graph.replay()
+    assert out.tolist() == [-1.0] * 4, "the rebound output is not written"
+    assert old_out.tolist() == [7.0] * 4, "the captured storage is written, from the old input"
+    old_inp.fill_(10.0)  # in place, on the captured storage: seen
+    graph.replay()
+    assert old_out.tolist() == [31.0] * 4
+
+
 @pytest.mark.capture_first_call
 def test_a_host_sync_is_refused_while_capturing(device) -> None:
     if device == "cuda":

@@ -78,3 +78,57 @@ def test_record_matches_its_scenarios(bug, dev) -> None:
     buggy = {s.expected(bug.buggy_variant, dev) for s in bug.scenarios}
     assert bug.buggy_outcome.on(dev) in buggy, f"no scenario shows the headline outcome on {dev}"
     assert all(o.is_failure or o == Outcome.PASS for o in buggy)
+
+
+# The configuration axes that can matter to each bug (issue 20): the union over its scenarios'
+# declared axes must cover them. Graph bugs replay at least two sizes, each at least twice with
+# other lengths; wake bugs sleep at both levels and wake at once and staged; MoE-LoRA bugs
+# send adapters in every state through the align and its consumers.
+GRAPHS = {"capture_sizes": 2, "steps_per_size": 2}
+WAKE = {"sleep_levels": {1, 2}, "wakes": {"all at once", "staged"}}
+ADAPTERS = {"adapters": {"enabled", "disabled", "absent", "evicted"}}
+REQUIRED_AXES = {
+    "lora_dummy_run": {**GRAPHS, "graph_modes": {"NONE", "FULL"}},
+    "lora_graph_capture": {**GRAPHS, "graph_modes": {"FULL", "PIECEWISE"}},
+    "lazy_attn_state": {**GRAPHS, "graph_modes": {"PIECEWISE", "FULL_AND_PIECEWISE"}},
+    "capture_first_call": {**GRAPHS, "graph_modes": {"PIECEWISE", "FULL", "FULL_AND_PIECEWISE"}},
+    "spec_capture_state": {**GRAPHS, "graph_modes": {"FULL_AND_PIECEWISE"}},
+    "block_table_wake": WAKE,
+    "block_table_graph_wake": {**GRAPHS, **WAKE},
+    "moe_align_grid": ADAPTERS,
+    "moe_lora_consumer_grid": {**ADAPTERS, "graph_modes": {"FULL"}},
+}
+
+
+def _covered(bug) -> dict[str, object]:
+    axes = [s.axes for s in bug.scenarios]
+    return {
+        "graph_modes": {m for a in axes for m in a.graph_modes},
+        "capture_sizes": len({n for a in axes for n in a.capture_sizes}),
+        "steps_per_size": max(a.steps_per_size for a in axes),
+        "sleep_levels": {level for a in axes for level in a.sleep_levels},
+        "wakes": {w for a in axes for w in a.wakes},
+        "adapters": {s for a in axes for s in a.adapters},
+    }
+
+
+def test_every_bug_has_required_axes() -> None:
+    assert set(REQUIRED_AXES) == {bug.id for bug in BUGS}, "a bug without required axes"
+
+
+@pytest.mark.parametrize("bug", _bugs())
+def test_scenarios_cover_the_axes_that_matter(bug) -> None:
+    covered = _covered(bug)
+    for axis, need in REQUIRED_AXES[bug.id].items():
+        have = covered[axis]
+        ok = need <= have if isinstance(need, set) else have >= need
+        assert ok, f"{bug.id}: axis {axis} covers {have}, needs {need}"
+
+
+def test_axes_refuse_unknown_values() -> None:
+    from harness.record import Axes
+
+    with pytest.raises(ValueError, match="unknown"):
+        Axes(graph_modes=("FULL_DECODE_ONLY",))
+    with pytest.raises(ValueError, match="sleep_levels"):
+        Axes(sleep_levels=(3,))

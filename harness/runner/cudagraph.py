@@ -5,6 +5,11 @@ Semantics both share (tests/test_cudagraph.py pins them on either device):
   decision (a flag's early return, a grid size) is frozen into the graph;
 - replay re-runs exactly the recorded device work on the same tensors, reading their current
   contents: persistent buffers must be refreshed in place;
+- replay reads and writes the storage each tensor had at capture (a graph holds addresses, not
+  Python objects): a tensor rebound after capture (`t.data = ...`, `t.set_(...)`) is not seen,
+  on the CPU either, where each recorded launch is bound to aliases of its tensors' storages
+  (a storage the emulation binds stays alive with its last contents; on the GPU a tensor freed
+  by its owner leaves the graph reading memory the allocator may hand out again);
 - tensors allocated during capture keep their storage for every replay, and hold poison (int32
   max, float32 NaN) until a replay writes them: what capture records does not run.
 All device work goes through a `Launcher`; that is how the CPU emulation records it, and how
@@ -22,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.fixes import ALL_FIXES, Fix, Variant
 from harness.runner.poison import poisoned_allocations
@@ -50,6 +56,30 @@ def _name(fn: Callable[..., object]) -> str:
 Work = Callable[[], object]
 
 
+def _alias(value: object) -> object:
+    """`value` with every tensor in it (lists and tuples included) replaced by a new tensor
+    object on the same storage, offset, sizes and strides: rebinding the original later does
+    not move the alias, as it does not move a captured graph's addresses."""
+    if isinstance(value, torch.Tensor):
+        alias = torch.empty(0, dtype=value.dtype, device=value.device)
+        return alias.set_(
+            value.untyped_storage(), value.storage_offset(), value.size(), value.stride()
+        )
+    if type(value) in (list, tuple):
+        return type(value)(_alias(v) for v in value)
+    return value
+
+
+def bound_work(fn: Callable[..., object], *args: object, **kwargs: object) -> Work:
+    """The launch as a graph records it: on the storages its tensors have now (a method of a
+    tensor, `out.fill_`, is bound to its alias too)."""
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, torch.Tensor):
+        fn = getattr(_alias(owner), fn.__name__)
+    bound = {k: _alias(v) for k, v in kwargs.items()}
+    return functools.partial(fn, *(_alias(a) for a in args), **bound)
+
+
 class Launcher:
     """The one door for device work: runs it, or (CPU capture) records it for replay."""
 
@@ -62,7 +92,7 @@ class Launcher:
         if self.names is not None:
             self.names.append(_name(fn))
         if self.recording is not None:
-            self.recording.append(functools.partial(fn, *args, **kwargs))
+            self.recording.append(bound_work(fn, *args, **kwargs))
         else:
             fn(*args, **kwargs)
 
@@ -152,6 +182,78 @@ def poisoned_pool() -> tuple[object, torch.cuda.CUDAGraph]:
     return pool, primer
 
 
+_ATEN = torch.ops.aten
+# run as they are while the CPU emulation captures: allocation (poisoned by
+# poisoned_allocations), storage binding, host reads of flags, tensors made from host data
+_UNRECORDED = frozenset(
+    (
+        _ATEN.empty.memory_format,
+        _ATEN.empty_like.default,
+        _ATEN.empty_strided.default,
+        _ATEN.set_.source_Storage_storage_offset,
+        _ATEN.set_.source_Tensor,
+        _ATEN._local_scalar_dense.default,
+        _ATEN.lift_fresh.default,
+        _ATEN.lift_fresh_copy.default,
+    )
+)
+
+
+def _poison(t: torch.Tensor) -> None:
+    """What capture allocates holds poison until a replay writes it (as poisoned_allocations)."""
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).max)
+
+
+def _written(func, args: tuple, kwargs: dict) -> object:
+    """What an in-place or out= op returns: the arguments its schema says it writes."""
+    schema, values = func._schema, dict(kwargs)
+    values.update((a.name, v) for a, v in zip(schema.arguments, args, strict=False))
+    found = [
+        values[a.name]
+        for r in schema.returns
+        for a in schema.arguments
+        if a.alias_info and r.alias_info and a.alias_info.before_set == r.alias_info.before_set
+    ]
+    return found[0] if len(found) == 1 else tuple(found)
+
+
+def _refill(outputs: tuple[torch.Tensor, ...], func, *args, **kwargs) -> None:
+    result = func(*args, **kwargs)
+    for out, value in zip(outputs, result if isinstance(result, tuple) else (result,), strict=True):
+        out.copy_(value)
+
+
+class _RecordOps(TorchDispatchMode):
+    """CPU capture: tensor ops outside the Launcher are device work a real graph records too
+    (`torch.zeros(..., device=cuda)` is a captured memset): each is recorded in order and runs
+    at every replay. In place and out= ops do not run at capture; other ops allocate their
+    outputs now, poisoned, and fill them at every replay. Views, allocations and host reads
+    run as they are."""
+
+    def __init__(self, recording: list[Work]) -> None:
+        super().__init__()
+        self.recording = recording
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.is_view or func in _UNRECORDED:
+            return func(*args, **kwargs)
+        if any(a.alias_info and a.alias_info.is_write for a in func._schema.arguments):
+            self.recording.append(bound_work(func, *args, **kwargs))
+            return _written(func, args, kwargs)
+        result = func(*args, **kwargs)
+        outputs = result if isinstance(result, tuple) else (result,)
+        for out in outputs:
+            _poison(out)
+        self.recording.append(bound_work(_refill, _alias(outputs), func, *args, **kwargs))
+        return result
+
+
 @contextlib.contextmanager
 def capturing(
     launcher: Launcher, device: str, pool: object | None, piecewise: bool = False
@@ -177,7 +279,7 @@ def capturing(
         else:
             launcher.recording = graph.segments
             launcher.split = graph.segments.append if piecewise else None
-            with poisoned_allocations():
+            with poisoned_allocations(), _RecordOps(graph.segments):
                 yield graph
     finally:
         launcher.recording = launcher.names = launcher.split = None

@@ -240,6 +240,16 @@ class LoRAModelManager:
         self.lora_index_to_id[slot] = lora_id
         return slot
 
+    def deactivate_adapter(self, lora_id: int) -> int:
+        """Free the slot of `lora_id` (evicted); returns it. The mapping memo is dropped: the
+        same ids may now map to other slots."""
+        if lora_id not in self.lora_index_to_id:
+            raise ValueError(f"LoRA id {lora_id} is not active (slots: {self.lora_index_to_id})")
+        slot = self.lora_index_to_id.index(lora_id)
+        self.lora_index_to_id[slot] = None
+        self._last_mapping = None
+        return slot
+
     def distinct_wrappers(self) -> list[PunicaWrapper]:
         """Each wrapper once, however many prefixes share it."""
         seen: dict[int, PunicaWrapper] = {}

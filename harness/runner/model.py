@@ -122,8 +122,10 @@ class TinyLoRADecoder:
             for w, f in zip(mine, fresh, strict=True):
                 w.copy_(f)
 
-    def load_lora(self, slot: int, seed: int) -> None:
-        """Write a seeded adapter into `slot` of every stacked LoRA tensor."""
+    def load_lora(self, slot: int, seed: int, experts: bool = True) -> None:
+        """Write a seeded adapter into `slot` of every stacked LoRA tensor. `experts=False`: an
+        adapter without expert weights: the slot's expert LoRA is zeroed and disabled
+        (adapter_enabled 0), so the expert align and its consumers skip it."""
         c, gen = self.config, torch.Generator().manual_seed(seed)
         rows = slice(slot * c.vocab_size, (slot + 1) * c.vocab_size)
         self.embed_a[rows] = _ints(gen, c.vocab_size, c.max_lora_rank).to(self.device)
@@ -131,8 +133,21 @@ class TinyLoRADecoder:
         for a, b in ((self.mlp_a, self.mlp_b), (self.head_a, self.head_b)):
             a[:, slot] = _ints(gen, *a[:, slot].shape).to(self.device)
             b[:, slot] = _ints(gen, *b[:, slot].shape).to(self.device)
-        self.expert_a[slot] = _ints(gen, *self.expert_a[slot].shape).to(self.device)
-        self.expert_b[slot] = _ints(gen, *self.expert_b[slot].shape).to(self.device)
+        expert_a = _ints(gen, *self.expert_a[slot].shape).to(self.device)
+        expert_b = _ints(gen, *self.expert_b[slot].shape).to(self.device)
+        self.expert_a[slot] = expert_a if experts else 0.0
+        self.expert_b[slot] = expert_b if experts else 0.0
+        self.adapter_enabled[slot] = int(experts)
+
+    def reset_lora(self, slot: int) -> None:
+        """An evicted adapter's slot: every stacked LoRA tensor's rows zeroed, disabled."""
+        c = self.config
+        self.embed_a[slot * c.vocab_size : (slot + 1) * c.vocab_size] = 0.0
+        self.embed_b[0, slot] = 0.0
+        for t in (self.mlp_a, self.mlp_b, self.head_a, self.head_b):
+            t[:, slot] = 0.0
+        self.expert_a[slot], self.expert_b[slot] = 0.0, 0.0
+        self.adapter_enabled[slot] = 0
 
     def forward(
         self,

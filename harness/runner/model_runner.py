@@ -143,10 +143,17 @@ class ModelRunner:
         mapping = self.lora_manager._adapter_manager.punica_wrapper_mapping
         return [mapping[p] for p in TinyLoRADecoder.PREFIXES]
 
-    def add_lora(self, lora_id: int, seed: int) -> int:
-        """Activate adapter `lora_id` with seeded weights; returns its slot."""
+    def add_lora(self, lora_id: int, seed: int, experts: bool = True) -> int:
+        """Activate adapter `lora_id` with seeded weights (`experts=False`: none for the
+        experts: disabled there); returns its slot."""
         slot = self.lora_manager._adapter_manager.activate_adapter(lora_id)
-        self.model.load_lora(slot, seed)
+        self.model.load_lora(slot, seed, experts)
+        return slot
+
+    def remove_lora(self, lora_id: int) -> int:
+        """Evict adapter `lora_id`: its slot is freed and zeroed; returns the slot."""
+        slot = self.lora_manager._adapter_manager.deactivate_adapter(lora_id)
+        self.model.reset_lora(slot)
         return slot
 
     # -- steps --------------------------------------------------------------------------------

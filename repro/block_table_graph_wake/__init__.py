@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import BugRecord, Expect, Scenario
+from harness.record import WAKES, Axes, BugRecord, Expect, Scenario
 
 REFRESH = Fix.BLOCK_TABLE_REFRESH_IN_PLACE
 REINIT = Fix.BLOCK_TABLE_REINIT_ON_WAKE  # block_table_wake's part: this one refines it
@@ -49,6 +49,13 @@ RECORD = BugRecord(
                 Expect(frozenset({REFRESH}), ILLEGAL),
             ),
             timeout_s=240.0,
+            axes=Axes(
+                graph_modes=("FULL_AND_PIECEWISE",),
+                capture_sizes=(4, 16),
+                steps_per_size=2,
+                sleep_levels=(1, 2),
+                wakes=WAKES,
+            ),
         ),
     ),
     package=__name__,

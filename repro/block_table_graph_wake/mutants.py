@@ -55,4 +55,13 @@ MUTANTS = (
         "getattr(self, name)[1:].copy_(torch.tensor(values, dtype=dtype)[:-1])",
         "each value is written one entry further down (the first keeps its stale value)",
     ),
+    Mutant(
+        "refresh_rebinds_storage",
+        REFRESH,
+        "partial",
+        TABLES,
+        REFRESH_LINE,
+        "getattr(self, name).data = self.pools.tensor(TAG, values, dtype)",
+        "the same tensor objects get new storages (`.data =`): graphs keep the old addresses",
+    ),
 )

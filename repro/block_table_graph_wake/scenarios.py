@@ -14,7 +14,14 @@ from harness.runner.worker import Worker
 
 PROMPTS = ([1, 2, 3, 4, 5], [7], [9, 8, 7, 6])  # 10 tokens: the PIECEWISE 16 graph
 NEW_TOKENS = 3  # then decode steps of 3 requests: the FULL 4 graph
-CYCLES = (("sleep(1) -> wake_up()", 1), ("sleep(2) -> wake_up()", 2))
+STAGED = (["weights"], ["kv_cache"])  # an RL trainer's order: weights first, then the KV cache
+CYCLES = (
+    ("sleep(1) -> wake_up()", 1, (None,)),
+    ("sleep(1) -> wake_up([weights]) -> wake_up([kv_cache])", 1, STAGED),
+    ("sleep(2) -> wake_up([weights]) -> wake_up([kv_cache])", 2, STAGED),
+    ("sleep(2) -> wake_up()", 2, (None,)),
+)
+LAYOUT = ("block_table_ptrs", "input_block_table_ptrs", "block_table_strides", "block_sizes_tensor")
 
 
 def _generate(runner: ModelRunner, label: str) -> tuple[list[list[int]], list[str | None]]:
@@ -48,13 +55,17 @@ def graph_replay_after_wake(ctx: Context) -> str:
     """Graphs that gather the step's block tables and compute its slot mappings themselves
     (FULL_AND_PIECEWISE: a PIECEWISE graph for the prefill, FULL decode graphs), captured
     once; generate, then for each cycle: sleep, wake, generate again, every step replayed.
+    Cycles: levels 1 and 2, each woken at once (`wake_up()`) and staged (the weights, then the
+    KV cache).
 
-    Each step's logits vs the dense float64 reference; the tokens must not change. Fixed: the
+    Each step's logits vs the dense float64 reference; the tokens must not change; the layout
+    tensors' data_ptr()s must not change across a wake (a graph holds them). Fixed: the
     layout tensors are refreshed in place on wake, the graphs read the live ones. Buggy (they
     are rebuilt as new tensors, #40648's way): the first replay after wake reads the old
     tensors, whose memory wake discarded (0xFF bytes, or by then another layout tensor's
     values), and follows a wild table address: illegal address on the GPU; on the CPU the
-    interpreter's wild read kills the child with SIGSEGV.
+    interpreter's wild read kills the child with SIGSEGV. A refresh that rebinds the layout
+    tensors' storages (`.data = ...`) keeps the objects but not the addresses: the same fault.
     """
     config = RunnerConfig(
         ctx.device,
@@ -67,12 +78,25 @@ def graph_replay_after_wake(ctx: Context) -> str:
     runner = worker.model_runner
     runner.capture_model()
     expected, problems = _generate(runner, "before sleeping")
-    for label, level in CYCLES:
+    tables = runner.kv_cache.block_tables
+    addresses = {name: getattr(tables, name).data_ptr() for name in LAYOUT}
+    for label, level, wakes in CYCLES:
         worker.sleep(level)
-        worker.wake_up()
+        for tags in wakes:
+            worker.wake_up(tags)
+        moved = {
+            n: hex(getattr(tables, n).data_ptr())
+            for n, a in addresses.items()
+            if getattr(tables, n).data_ptr() != a
+        }
+        if moved:  # reported after the replays, which show the failure first
+            problems.append(
+                f"{label}: layout tensors moved (graphs hold the old addresses): {moved}"
+            )
         got, found = _generate(runner, label)
         problems += found
         if got != expected:
             problems.append(f"{label}: generated {got}, before sleeping {expected}")
     expect_all(problems)
-    return f"{len(CYCLES)} sleep/wake cycles, every step replayed: tokens {expected} as reference"
+    cycles = f"{len(CYCLES)} sleep/wake cycles (at once, staged)"
+    return f"{cycles}, every step replayed: tokens {expected} as reference"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import BugRecord, Expect, Scenario
+from harness.record import WAKES, Axes, BugRecord, Expect, Scenario
 
 ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)  # CPU: the interpreter's wild read, SIGSEGV
 
@@ -33,6 +33,7 @@ RECORD = BugRecord(
         Scenario(
             "generate_sleep_wake_generate",
             (Expect(frozenset({Fix.BLOCK_TABLE_REINIT_ON_WAKE}), ILLEGAL),),
+            axes=Axes(graph_modes=("NONE",), sleep_levels=(1, 2), wakes=WAKES),
         ),
     ),
     package=__name__,

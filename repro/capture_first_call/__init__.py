@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Scenario
 
 PART = Fix.CAPTURE_PREWARM
 # GPU: torch.cuda.synchronize raises "operation not permitted when stream is capturing" and the
@@ -36,7 +36,18 @@ RECORD = BugRecord(
     fix_parts=(PART,),
     buggy_outcome=FAILS,
     scenarios=(
-        Scenario("full_decode_capture", (Expect(frozenset({PART}), FAILS),), timeout_s=300.0),
+        Scenario(
+            "full_decode_capture",
+            (Expect(frozenset({PART}), FAILS),),
+            timeout_s=300.0,
+            axes=Axes(graph_modes=("FULL_AND_PIECEWISE",), capture_sizes=(4, 8), steps_per_size=2),
+        ),
+        Scenario(
+            "pure_full_capture",
+            (Expect(frozenset({PART}), FAILS),),
+            timeout_s=300.0,
+            axes=Axes(graph_modes=("FULL",), capture_sizes=(4, 8), steps_per_size=2),
+        ),
         Scenario(
             "piecewise_capture",
             (
@@ -47,6 +58,7 @@ RECORD = BugRecord(
                 ),
             ),
             timeout_s=300.0,
+            axes=Axes(graph_modes=("PIECEWISE",), capture_sizes=(4, 8), steps_per_size=2),
         ),
     ),
     package=__name__,

@@ -27,3 +27,11 @@ def piecewise_capture(ctx: Context) -> str:
     """The same steps under PIECEWISE capture only: the path captured is the one the warm-up
     ran and tuned. Buggy and fixed pass: the hazard is the FULL path's alone."""
     return decode_steps(ctx, CUDAGraphMode.PIECEWISE)
+
+
+def pure_full_capture(ctx: Context) -> str:
+    """FULL capture alone (no PIECEWISE graphs: one FULL graph per size serves every batch),
+    then the same decode steps. Fixed: prewarmed, captures and replays match. Buggy: as in
+    FULL_AND_PIECEWISE, the first call of the FULL path is the capture: its tuning's host sync
+    is refused: an exception at capture_model."""
+    return decode_steps(ctx, CUDAGraphMode.FULL)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Scenario
 
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 
@@ -33,6 +33,7 @@ RECORD = BugRecord(
             "full_decode_graphs",
             (Expect(frozenset({Fix.FRESH_ATTN_STATE_FOR_CAPTURE}), WRONG),),
             timeout_s=300.0,
+            axes=Axes(graph_modes=("FULL_AND_PIECEWISE",), capture_sizes=(4, 8), steps_per_size=2),
         ),
         Scenario(
             "piecewise_decode",
@@ -44,11 +45,13 @@ RECORD = BugRecord(
                 ),
             ),
             timeout_s=300.0,
+            axes=Axes(graph_modes=("PIECEWISE",), capture_sizes=(4, 8), steps_per_size=2),
         ),
         Scenario(
             "captured_state_consumer",
             (Expect(frozenset({Fix.FRESH_ATTN_STATE_FOR_CAPTURE}), WRONG),),
             timeout_s=300.0,
+            axes=Axes(graph_modes=("FULL_AND_PIECEWISE",), capture_sizes=(4, 8), steps_per_size=2),
         ),
     ),
     package=__name__,

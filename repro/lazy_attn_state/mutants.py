@@ -84,4 +84,13 @@ MUTANTS = (
         "        attn.sched = old.sched if old is not None else FlashMLASchedMeta()",
         "create_forward_fn hands out the descriptor's earlier (warm-up) state again",
     ),
+    Mutant(
+        "piecewise_replay_keeps_last_plan",
+        PART,
+        "unused_state",
+        RUNNER,
+        "attn.sched, attn.uniform_decode = FlashMLASchedMeta(), batch.uniform_decode",
+        "attn.uniform_decode = batch.uniform_decode",
+        "a PIECEWISE replay's eager attention keeps the plan of the graph's previous replay",
+    ),
 )

@@ -15,9 +15,10 @@ from harness.runner.input_batch import Request
 from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig
 from kernels.split_kv_attention import split_kv_attention_reference
 
-# Decode steps after capture: 3 requests (the 4-token graph), then 7 (the 8-token graph),
+# Decode steps after capture: 3 requests (the 4-token graph), then 7 (the 8-token graph), then
+# 3 again with other lengths (a second replay of one graph must not reuse the first's plan);
 # lengths unlike the warm-up's (1 each), context seeded in the KV cache.
-STEPS = ([5, 17, 1], [33, 2, 9, 12, 40, 3, 8])
+STEPS = ([5, 17, 1], [33, 2, 9, 12, 40, 3, 8], [29, 6, 44])
 
 
 def decode_runner(ctx: Context, mode: CUDAGraphMode, draft: bool = False) -> ModelRunner:
@@ -74,7 +75,8 @@ def decode_steps(ctx: Context, mode: CUDAGraphMode) -> str:
 
 def full_decode_graphs(ctx: Context) -> str:
     """FULL_AND_PIECEWISE capture (FULL decode graphs of 4 and 8 requests), then decode steps
-    with 3 and 7 requests of other lengths than the warm-up's.
+    with 3, 7 and again 3 requests of other lengths than the warm-up's (the second replay of
+    the 4-request graph with lengths unlike the first's).
 
     Each step: replay vs an eager step (a fresh plan) vs the dense float64 reference. Fixed: a
     fresh attention state is created for capture, so each FULL graph holds the planner and

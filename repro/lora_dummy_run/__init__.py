@@ -12,9 +12,17 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Scenario
 
 ASSERT = ByDevice.both(Outcome.DEVICE_ASSERT)
+
+# the batches of capture scenarios: each FULL size, the smallest twice; adapters and base mixed
+CAPTURE_AXES = Axes(
+    graph_modes=("FULL",),
+    capture_sizes=(4, 8, 16),
+    steps_per_size=2,
+    adapters=("enabled", "absent"),
+)
 
 RECORD = BugRecord(
     id="lora_dummy_run",
@@ -32,9 +40,15 @@ RECORD = BugRecord(
         Scenario(
             "dummy_run_before_mapping",
             (Expect(frozenset({Fix.LORA_DUMMY_MAPPING}), ASSERT),),
+            axes=Axes(graph_modes=("NONE",), adapters=("enabled",)),
         ),
         *(
-            Scenario(name, (Expect(frozenset({Fix.LORA_DUMMY_MAPPING}), ASSERT),), timeout_s=240.0)
+            Scenario(
+                name,
+                (Expect(frozenset({Fix.LORA_DUMMY_MAPPING}), ASSERT),),
+                timeout_s=240.0,
+                axes=CAPTURE_AXES,
+            )
             for name in ("capture_without_dummy_run", "capture_after_base_batch")
         ),
     ),

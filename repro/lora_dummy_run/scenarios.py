@@ -18,8 +18,9 @@ from harness.runner.input_batch import Request, dummy_lengths
 from harness.runner.model_runner import ModelRunner, RunnerConfig
 
 DUMMY_TOKENS, DUMMY_REQS = 8, 2
-# Real batches after a capture, one per FULL graph size (4, 8, 16 tokens), every adapter
-# and the base model mixed; the LM-head LoRA sees each request's adapter.
+# Real batches after a capture, one per FULL graph size (4, 8, 16 tokens), then the 4-token
+# graph again with other requests; every adapter and the base model mixed; the LM-head LoRA
+# sees each request's adapter.
 BATCHES = (
     ("3 tokens, all on adapter 1", (Request("a", (3, 5), 1), Request("b", (7,), 1))),
     (
@@ -29,6 +30,10 @@ BATCHES = (
     (
         "12 tokens: adapter 2 and base",
         (Request("x", tuple(range(20, 31)), 2), Request("y", (1,), 0)),
+    ),
+    (
+        "4 tokens again: adapter 2, base, adapter 1",
+        (Request("p", (6,), 2), Request("q", (11, 13), 0), Request("r", (5,), 1)),
     ),
 )
 

@@ -11,9 +11,12 @@ batch refreshes the same buffers. Run alone: `python -m repro.lora_graph_capture
 
 from __future__ import annotations
 
+import dataclasses
+
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
 from harness.record import BugRecord, Expect, Scenario
+from repro.lora_dummy_run import CAPTURE_AXES
 
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 ASSERT = ByDevice.both(Outcome.DEVICE_ASSERT)
@@ -26,7 +29,9 @@ def _scenario(name: str, why_assert: str) -> Scenario:
         Expect(frozenset({Fix.LORA_DUMMY_MAPPING}), ASSERT, why=why_assert),
         Expect(frozenset({Fix.LORA_CAPTURE_LAUNCH}), WRONG),
     )
-    return Scenario(name, rules, timeout_s=240.0)
+    mode = "PIECEWISE" if name == "piecewise_graphs" else "FULL"
+    axes = dataclasses.replace(CAPTURE_AXES, graph_modes=(mode,))
+    return Scenario(name, rules, timeout_s=240.0, axes=axes)
 
 
 RECORD = BugRecord(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import BugRecord, Expect, Scenario
+from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Scenario
 
 GRID = Fix.MOE_ALIGN_GRID_PLUS_ONE
 GUARD = Fix.MOE_ALIGN_OOB_GUARD
@@ -32,9 +32,21 @@ RECORD = BugRecord(
     fix_parts=(GRID, GUARD, SORT_CHECK),
     buggy_outcome=ILLEGAL,
     scenarios=(
-        Scenario("last_slot_rows", (Expect(frozenset({GRID}), WRONG),)),
-        Scenario("upstream_sizes", (Expect(frozenset({GRID}), WRONG),)),
-        Scenario("consumer_poisoned", (Expect(frozenset({GRID}), ILLEGAL),)),
+        Scenario(
+            "last_slot_rows",
+            (Expect(frozenset({GRID}), WRONG),),
+            axes=Axes(adapters=("enabled", "absent")),
+        ),
+        Scenario(
+            "upstream_sizes",
+            (Expect(frozenset({GRID}), WRONG),),
+            axes=Axes(adapters=("enabled", "absent")),
+        ),
+        Scenario(
+            "consumer_poisoned",
+            (Expect(frozenset({GRID}), ILLEGAL),),
+            axes=Axes(adapters=("enabled", "absent")),
+        ),
         Scenario(
             "oob_lora_id",
             (
@@ -45,9 +57,23 @@ RECORD = BugRecord(
                 ),
                 Expect(frozenset({GUARD}), WRONG),
             ),
+            axes=Axes(adapters=("enabled", "absent")),
         ),
-        Scenario("disabled_adapter", (Expect(frozenset({SORT_CHECK, GRID}), WRONG),)),
-        Scenario("runner_mixed_batch", (Expect(frozenset({GRID}), ILLEGAL),)),
+        Scenario(
+            "disabled_adapter",
+            (Expect(frozenset({SORT_CHECK, GRID}), WRONG),),
+            axes=Axes(adapters=("enabled", "disabled", "absent")),
+        ),
+        Scenario(
+            "runner_mixed_batch",
+            (Expect(frozenset({GRID}), ILLEGAL),),
+            axes=Axes(graph_modes=("NONE",), adapters=("enabled", "absent")),
+        ),
+        Scenario(
+            "runner_adapter_states",
+            (Expect(frozenset({GRID}), ILLEGAL),),
+            axes=Axes(graph_modes=("NONE",), adapters=ADAPTER_STATES),
+        ),
     ),
     package=__name__,
     anchors=(

@@ -310,3 +310,19 @@ def runner_mixed_batch(ctx: Context) -> str:
         ]
     )
     return f"mixed batch of {len(requests)} requests (base, adapter 1, adapter 2) as reference"
+
+
+def runner_adapter_states(ctx: Context) -> str:
+    """Through the runner, eagerly, max_loras = 3 = the active count, adapters in every state:
+    1 and 3 enabled, 2 loaded without expert weights (adapter_enabled 0: the align kernels
+    skip it and the consumer must too), base-model requests; then adapter 1 evicted and 4
+    loaded into its slot, and a second batch of other lengths (moe_lora_consumer_grid runs
+    the same batches from FULL graphs).
+
+    Each batch vs the dense float64 reference. Fixed: all match. Buggy: the align grid stops
+    one slot short, adapter 3's rows stay poison and the fused shrink loads expert weights
+    from a wild address: illegal address (CPU: the interpreter's wild read, SIGSEGV).
+    """
+    from repro.moe_lora_consumer_grid.scenarios import adapter_states_batches
+
+    return adapter_states_batches(ctx, "NONE")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import BugRecord, Expect, Scenario
+from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Scenario
 
 GRID = Fix.MOE_LORA_GRID_PLUS_ONE
 GUARD = Fix.MOE_LORA_ID_GUARD
@@ -33,8 +33,26 @@ RECORD = BugRecord(
     fix_parts=(GRID, GUARD),
     buggy_outcome=WRONG,
     scenarios=(
-        Scenario("runner_mixed_batch", (Expect(frozenset({GRID}), WRONG),)),
-        Scenario("last_slot_pairs", (Expect(frozenset({GRID}), WRONG),)),
+        Scenario(
+            "runner_mixed_batch",
+            (Expect(frozenset({GRID}), WRONG),),
+            axes=Axes(graph_modes=("FULL",), capture_sizes=(8,), adapters=("enabled", "absent")),
+        ),
+        Scenario(
+            "runner_adapter_states",
+            (Expect(frozenset({GRID}), WRONG),),
+            axes=Axes(
+                graph_modes=("FULL",),
+                capture_sizes=(16,),
+                steps_per_size=2,
+                adapters=ADAPTER_STATES,
+            ),
+        ),
+        Scenario(
+            "last_slot_pairs",
+            (Expect(frozenset({GRID}), WRONG),),
+            axes=Axes(adapters=("enabled", "disabled", "absent")),
+        ),
         Scenario(
             "stray_lora_id",
             (
@@ -45,6 +63,7 @@ RECORD = BugRecord(
                 ),
                 Expect(frozenset({GUARD}), WRONG),
             ),
+            axes=Axes(adapters=("enabled", "absent")),
         ),
     ),
     package=__name__,

@@ -101,4 +101,22 @@ MUTANTS = (
         "if tl.program_id(2) >= max_loras + 1:",
         "the bound tests the program's slot (always in the grid), not the id it read",
     ),
+    Mutant(
+        "consumer_ignores_adapter_enabled",
+        GUARD,
+        "partial",
+        KERNEL,
+        "    if tl.load(adapter_enabled_ptr + lora_id) == 0:\n        return\n",
+        "",
+        "the consumer runs a disabled adapter's program on align rows nobody wrote",
+    ),
+    Mutant(
+        "consumer_enabled_check_inverted_index",
+        GUARD,
+        "wrong_row",
+        KERNEL,
+        "tl.load(adapter_enabled_ptr + lora_id) == 0",
+        "tl.load(adapter_enabled_ptr + tl.program_id(2)) == 0",
+        "the enabled flag is read by grid slot, not by LoRA id (off by the base model's -1)",
+    ),
 )

@@ -100,16 +100,17 @@ def _references(x, lora_a, lora_b, topk, owners, enabled):
 
 
 def last_slot_pairs(ctx: Context) -> str:
-    """Shrink and expand on a mixed base + LoRA batch, max_loras = the active LoRA count (1 and
-    2), lora_ids = [-1, 0, ...]; align outputs from the reference, outputs prefilled with
-    sentinels (-7, -5).
+    """Shrink and expand on a mixed base + LoRA batch, max_loras = the active LoRA count (1, 2
+    and 3; with 3, slot 1 disabled: adapter_enabled 0, its align rows stale but plausible:
+    every pair, expert 0, all blocks), lora_ids = [-1, 0, ...]; align outputs from the
+    reference, outputs prefilled with sentinels (-7, -5). A disabled slot's pairs keep them.
 
     Fixed: both outputs equal the dense float64 reference exactly (small-integer data). Buggy
     (max_loras programs on the LoRA axis): the last LoRA's program never runs, so its pairs
     keep the sentinels in the shrink output and in the expand output: wrong result.
     """
     problems = []
-    for max_loras in (1, 2):
+    for max_loras, disabled in ((1, None), (2, None), (3, 1)):
         mapping = [-1, *[(t % (max_loras + 1)) - 1 for t in range(1, NUM_TOKENS)]]
         topk, owners, x, lora_a, lora_b, enabled = _problem(ctx, mapping, max_loras, max_loras + 1)
         lora_ids = torch.tensor([-1, *range(max_loras)], dtype=torch.int32)
@@ -119,6 +120,10 @@ def last_slot_pairs(ctx: Context) -> str:
             torch.full((max_loras, m_blocks), -3, dtype=torch.int32),
             torch.full((max_loras,), -4, dtype=torch.int32),
         )
+        if disabled is not None:  # its align rows: stale but plausible (an earlier step's)
+            enabled[disabled] = 0
+            prefill[0][disabled] = torch.arange(padded) % topk.numel()
+            prefill[1][disabled], prefill[2][disabled] = 0, padded
         aligned = _aligned(topk, owners, lora_ids, enabled, max_loras, prefill)
         shrunk_ref, expanded_ref = _references(x, lora_a, lora_b, topk, owners, enabled)
         shrunk, expanded = _consume(ctx, x, lora_a, lora_b, aligned, lora_ids, enabled, shrunk_ref)
@@ -128,7 +133,7 @@ def last_slot_pairs(ctx: Context) -> str:
             (shrunk_ref, expanded_ref),
         )
     expect_all(problems)
-    return "max_loras 1 and 2: every LoRA's pairs shrunk and expanded as the reference"
+    return "max_loras 1, 2, 3 (one disabled): every pair shrunk and expanded as the reference"
 
 
 def stray_lora_id(ctx: Context) -> str:
@@ -207,3 +212,69 @@ def runner_mixed_batch(ctx: Context) -> str:
         problems.append("no captured graph served the batch: the replay went unchecked")
     expect_all(problems)
     return f"mixed batch of {len(requests)} requests (base, adapter 1, adapter 2), {graph}"
+
+
+def runner_adapter_states(ctx: Context) -> str:
+    """Through the runner's MoE layer, FULL graphs, max_loras = 3 = the active count, adapters
+    in every state: 1 and 3 enabled, 2 loaded without expert weights (disabled for the
+    experts: adapter_enabled 0, its align rows left unwritten), base-model requests (absent);
+    a mixed batch; then adapter 1 evicted and 4 loaded into its slot, and a second batch of
+    other lengths on the same graph.
+
+    Each batch replayed and run eagerly, each vs the dense float64 reference, replay vs eager.
+    Fixed: all match. Buggy: the consumer never runs the last slot's program (adapter 3): its
+    tokens lack their expert delta: wrong result. A consumer that ignores adapter_enabled
+    reads adapter 2's unwritten (poisoned) align rows: illegal address; one that ignores the
+    eviction keeps adapter 1's weights: wrong result.
+    """
+    return adapter_states_batches(ctx, "FULL")
+
+
+def adapter_states_batches(ctx: Context, mode: str) -> str:
+    """The batches of runner_adapter_states under graph mode `mode` (a CUDAGraphMode name;
+    the runner is imported here: kernel-level scenarios must not need it)."""
+    from harness.oracle import step_problems
+    from harness.reference import step_reference
+    from harness.runner.cudagraph import CUDAGraphMode
+    from harness.runner.input_batch import Request
+    from harness.runner.model import ModelConfig
+    from harness.runner.model_runner import ModelRunner, RunnerConfig
+
+    config = RunnerConfig(
+        ctx.device,
+        ctx.fixes,
+        model=ModelConfig(max_loras=3),
+        cudagraph_mode=CUDAGraphMode[mode],
+        cudagraph_sizes=(8, 16),
+    )
+    runner = ModelRunner(config)
+    runner.add_lora(1, seed=ctx.seed + 11)
+    runner.add_lora(2, seed=ctx.seed + 12, experts=False)
+    runner.add_lora(3, seed=ctx.seed + 13)
+    runner.capture_model()
+    steps = (
+        ("adapters 1, 2 (no experts), 3 and base", (2, 4, 6), 1, (8, 9), (10, 12)),
+        ("adapter 1 evicted, 4 in its slot", (5,), 4, (7, 3, 1), (11, 13, 15, 2)),
+    )
+    problems, graphs = [], []
+    for step, (label, base, first, second, third) in enumerate(steps):
+        if step == 1:
+            runner.remove_lora(1)
+            runner.add_lora(4, seed=ctx.seed + 14)
+        requests = [
+            Request("a", base, 0),
+            Request("b", second, first),
+            Request("c", third, 2),
+            Request("d", (9, 1, 6), 3),
+        ]
+        out = runner.execute_model(requests)
+        replay = type(out)(out.hidden_states.clone(), out.logits.clone(), None, out.desc)
+        eager = runner.execute_model(requests, use_cudagraph=False)
+        graph = f"{mode} {replay.desc.num_tokens}" if replay.desc else "eager"
+        graphs.append(graph)
+        reference = step_reference(runner, requests)
+        problems += step_problems(f"{label} ({graph})", eager, reference, replay)
+        if mode != "NONE" and replay.desc is None:
+            problems.append(f"{label}: no captured graph served the batch")
+    expect_all(problems)
+    return f"{len(steps)} batches ({', '.join(graphs)}): enabled, disabled, absent, evicted"

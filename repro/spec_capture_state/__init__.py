@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Scenario
 
 PART = Fix.SPEC_SEPARATE_WARMUP_STATE
 # Capture-allocated memory is poison on both devices (int32 max): the split-KV kernel walks the
@@ -44,6 +44,7 @@ RECORD = BugRecord(
             "speculator_capture",
             (Expect(frozenset({PART}), ILLEGAL),),
             timeout_s=300.0,
+            axes=Axes(graph_modes=("FULL_AND_PIECEWISE",), capture_sizes=(4, 8), steps_per_size=2),
         ),
     ),
     package=__name__,
