@@ -1,7 +1,7 @@
 """A scenario child: run one scenario and write a JSON report as its last act.
 
 Forked by harness.forkserver, or spawned by harness.isolate (`main(request, started)` either
-way). The request: {"spec": {"target", "fixes", "device", "seed"}, "report": PATH,
+way). The request: {"spec": {"target", "fixes", "device", "seed", ["payload"]}, "report": PATH,
 "log": PATH, "timeout_s": T}. The device switch happens before torch, Triton or any kernel
 module is imported here; the scenario's own modules are imported only when it runs.
 
@@ -82,7 +82,8 @@ def run(spec: dict, started: float, timings: dict[str, float]) -> dict:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
             raise Skip(f"no CUDA device visible to the child (CUDA_VISIBLE_DEVICES={visible})")
         fn = _resolve(spec["target"])
-        ctx = Context(frozenset(Fix(n) for n in spec["fixes"]), spec["device"], spec["seed"])
+        fixes = frozenset(Fix(n) for n in spec["fixes"])
+        ctx = Context(fixes, spec["device"], spec["seed"], spec.get("payload", ""))
         torch.manual_seed(ctx.seed)
         timings["startup_s"] = time.monotonic() - started
         detail = fn(ctx)

@@ -78,6 +78,7 @@ class Job:
     seed: int = 0
     sanitizer: str | None = None  # a compute-sanitizer tool (SANITIZER_TOOLS) to run it under
     env: tuple[tuple[str, str], ...] = ()  # set in a freshly spawned child (detectors)
+    payload: str = ""  # handed to the function as Context.payload (a fuzz program, as JSON)
 
     @property
     def limit_s(self) -> float:
@@ -92,6 +93,8 @@ class Job:
         """What harness.child needs: the spec, where to report and log, the time limit."""
         fixes = sorted(f.value for f in self.fixes)
         spec = {"target": self.target, "fixes": fixes, "device": self.device, "seed": self.seed}
+        if self.payload:
+            spec["payload"] = self.payload
         return {
             "spec": spec,
             "report": str(directory / "report.json"),

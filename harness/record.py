@@ -26,6 +26,7 @@ class Context:
     fixes: Variant
     device: str  # "cpu" (Triton interpreter) or "cuda"
     seed: int = 0
+    payload: str = ""  # what the parent handed over besides (a fuzz program, as JSON)
 
 
 @dataclass(frozen=True, slots=True)

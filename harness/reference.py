@@ -13,6 +13,7 @@ import torch
 from harness.runner.input_batch import Request
 from harness.runner.model import EPS
 from harness.runner.model_runner import ModelRunner
+from kernels.split_kv_attention import split_kv_attention_reference
 
 
 def _d(t: torch.Tensor) -> torch.Tensor:
@@ -89,3 +90,21 @@ def _attention(runner: ModelRunner, i: int, h: torch.Tensor, requests: list[Requ
             out[start + j] = torch.einsum("hp,phd->hd", scores.softmax(-1), values[: past + j + 1])
         start += m
     return out.reshape(-1, c.hidden_size) @ wo.T
+
+
+def draft_reference(runner: ModelRunner, hidden_states: torch.Tensor, lens: list[int]):
+    """The draft attention of a uniform decode step in float64: split-KV attention over layer
+    0's cache with the draft's query (the normalized target hidden state of each request)."""
+    kv, c = runner.kv_cache, runner.model.config
+    h = _d(hidden_states)
+    query = (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + EPS)).view(
+        len(lens), c.num_heads, -1
+    )
+    width = max(len(kv.blocks[r][0]) for r in range(len(lens)))
+    table = torch.tensor(
+        [kv.blocks[r][0] + [0] * (width - len(kv.blocks[r][0])) for r in range(len(lens))]
+    )
+    scale = (c.hidden_size // c.num_heads) ** -0.5
+    return split_kv_attention_reference(
+        query, kv.k_caches[0], kv.v_caches[0], table, torch.tensor(lens), scale
+    )

@@ -148,9 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-confirm", action="store_true", help="exit 1 on a first failure, without a rerun"
     )
     check.add_argument("--json", metavar="FILE", help="write the verdict and results as JSON")
-    from repro import bench, detectors, matrix, mutants, report, serve
+    from repro import bench, detectors, fuzz, matrix, mutants, report, serve
 
     matrix.add_parser(sub)
+    fuzz.add_parser(sub)
     detectors.add_parser(sub)
     mutants.add_parser(sub)
     serve.add_parser(sub)
@@ -504,6 +505,12 @@ def _matrix(args: argparse.Namespace) -> int:
     return matrix.cmd_matrix(args)
 
 
+def _fuzz(args: argparse.Namespace) -> int:
+    from repro import fuzz
+
+    return fuzz.cmd_fuzz(args)
+
+
 def _mutants(args: argparse.Namespace) -> int:
     from repro import mutants
 
@@ -547,6 +554,7 @@ COMMANDS = {
     "check": cmd_check,
     "matrix": _matrix,
     "mutants": _mutants,
+    "fuzz": _fuzz,
     "detectors": _detectors,
     "serve": _serve,
     "bench": _bench,

@@ -5,15 +5,12 @@ The record (fix parts, expected outcomes) is in the package; see its docstring.
 
 from __future__ import annotations
 
-import torch
-
 from harness.oracle import close, expect_all, step_problems
 from harness.record import Context
-from harness.reference import step_reference
+from harness.reference import draft_reference, step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
 from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig
-from kernels.split_kv_attention import split_kv_attention_reference
 
 # Decode steps after capture: 3 requests (the 4-token graph), then 7 (the 8-token graph), then
 # 3 again with other lengths (a second replay of one graph must not reuse the first's plan);
@@ -121,25 +118,8 @@ def draft_decode_steps(ctx: Context) -> str:
             close(
                 f"{label}: eager draft vs reference",
                 eager.draft,
-                _draft_reference(runner, eager, lens),
+                draft_reference(runner, eager.hidden_states, lens),
             ),
         ]
     expect_all(problems)
     return f"{len(STEPS)} decode steps: draft replay == eager ~ reference"
-
-
-def _draft_reference(runner: ModelRunner, eager: ModelOutput, lens: list[int]) -> torch.Tensor:
-    """Split-KV attention over layer 0's cache, in float64, with the draft's query."""
-    kv, c = runner.kv_cache, runner.model.config
-    h = eager.hidden_states.double().cpu()
-    query = (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-6)).view(
-        len(lens), c.num_heads, -1
-    )
-    width = max(len(kv.blocks[r][0]) for r in range(len(lens)))
-    table = torch.tensor(
-        [kv.blocks[r][0] + [0] * (width - len(kv.blocks[r][0])) for r in range(len(lens))]
-    )
-    scale = (c.hidden_size // c.num_heads) ** -0.5
-    return split_kv_attention_reference(
-        query, kv.k_caches[0], kv.v_caches[0], table, torch.tensor(lens), scale
-    )

@@ -1,0 +1,412 @@
+"""`repro fuzz`: a stateful differential fuzzer of the miniature runner. It reads no scenario.
+
+Hypothesis draws programs (repro/program.py: a runner configuration and a sequence of
+operations valid for the state they leave: adapters loaded, captured or not, which tags sleep);
+each program runs in an isolated child, like a scenario, which checks the invariants after
+every operation. A failure (any class from wrong_result on: a device fault is a finding) is
+shrunk by Hypothesis, keeping its outcome class, then confirmed by one more run.
+
+Exit codes: 0 nothing found within the budget; 1 a counterexample (printed shrunk, with its
+evidence and one command that replays it); 125 cannot test; 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import device as devices
+from harness.fixes import ALL_FIXES, UsageError, Variant, describe, parse_fix
+from harness.isolate import Isolator, Job
+from harness.outcome import EXIT_ABSENT, EXIT_CANNOT_TEST, EXIT_PRESENT, Outcome
+from repro import registry
+
+TARGET = "repro.program:run"
+EXAMPLE_TIMEOUT_S = 240.0
+MAX_OPS = 10
+SHRINK_S = 90.0  # at most this long shrinking after a find (then the smallest so far)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    f = sub.add_parser(
+        "fuzz",
+        help="stateful differential fuzzer of the runner: exit 0 nothing found, 1 found",
+        description=__doc__.split("\n\n")[1],
+    )
+    f.add_argument("bug", nargs="*", help="the variant options apply to these bugs' parts")
+    f.add_argument("--variant", choices=("fixed", "buggy"), help="default fixed")
+    f.add_argument("--without", action="append", default=[], metavar="PART")
+    f.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
+    f.add_argument("--budget", type=float, default=60.0, help="seconds of search (default 60)")
+    f.add_argument("--seed", type=int, default=0, help="Hypothesis' seed (default 0)")
+    f.add_argument("--json", metavar="FILE", help="write the finding (or none) as JSON")
+    f.add_argument("--replay", metavar="PROGRAM", help="run one program (JSON, or @FILE) once")
+
+
+def variant(args: argparse.Namespace) -> Variant:
+    """The fixes of the run: all, or the named bugs' parts off (--variant buggy), or --without
+    parts (with bugs named: theirs only)."""
+    bugs = [registry.get(b) for b in args.bug]
+    parts = {p for b in bugs for p in b.fix_parts}
+    without = {parse_fix(name) for name in args.without}
+    if args.variant == "buggy" and not bugs:
+        raise UsageError("--variant buggy needs a bug: its parts are the ones switched off")
+    if args.variant == "buggy" and without:
+        raise UsageError("use one of --variant buggy or --without PART")
+    if bugs and without - parts:
+        stray = ", ".join(sorted(p.value for p in without - parts))
+        raise UsageError(f"--without {stray}: not a part of {', '.join(args.bug)}")
+    return ALL_FIXES - (parts if args.variant == "buggy" else without)
+
+
+def _program(text: str) -> dict:
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as e:
+            raise UsageError(f"--replay {text}: {e.strerror}") from None
+    try:
+        program = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--replay: not JSON: {e}") from None
+    if not isinstance(program, dict) or set(program) != {"config", "ops"}:
+        raise UsageError('--replay: a program is {"config": {...}, "ops": [...]}')
+    from repro.program import invalid
+
+    why = invalid(program)
+    if why:
+        raise UsageError(f"--replay: not a valid program: {why}")
+    return program
+
+
+# How often each configuration value is drawn (repeats weigh; the first is where shrinking
+# goes): graphs, LoRA and captures more often than their absence, as they hold more state.
+WEIGHTED = {
+    "mode": ("FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE", "FULL_AND_PIECEWISE", "FULL"),
+    "lora": (False, True, True),
+}
+
+
+def programs():
+    """The Hypothesis strategy of programs (imported lazily: usage errors stay fast): a
+    configuration, a set-up (adapters, a dummy run, a capture: each drawn or not), then
+    operations valid in the state the earlier ones left."""
+    from hypothesis import strategies as st
+
+    from repro.program import CONFIG, MAX_MODEL_LEN, MAX_REQS, MAX_TOKENS
+
+    @st.composite
+    def draw_program(draw) -> dict:
+        config = {
+            key: draw(st.sampled_from(WEIGHTED.get(key, values))) for key, values in CONFIG.items()
+        }
+        config["sizes"] = list(config["sizes"])
+        state = {"active": [], "asleep": set(), "captured": False}
+        ops: list[list] = []
+        if config["lora"]:
+            for _ in range(draw(st.integers(0, config["max_loras"]))):
+                ops.append(_add_lora(draw, state))
+        if draw(st.booleans()):
+            ops.append(_dummy(draw, config))
+        if config["mode"] != "NONE" and draw(st.booleans()):
+            ops.append(["capture"])
+            state["captured"] = True
+        for _ in range(draw(st.integers(1, MAX_OPS))):
+            ops.append(_operation(draw, config, state))
+        return {"config": config, "ops": ops}
+
+    def _add_lora(draw, state) -> list:
+        lora = min(set(range(1, 9)) - set(state["active"]))
+        state["active"].append(lora)
+        return ["add_lora", lora, not draw(st.booleans())]  # shrinks to: with experts
+
+    def _dummy(draw, config) -> list:
+        tokens = draw(st.integers(1, max(config["sizes"])))
+        return ["dummy", tokens, draw(st.integers(1, min(tokens, MAX_REQS)))]
+
+    def _operation(draw, config, state) -> list:
+        active, asleep = state["active"], state["asleep"]
+        if asleep:
+            tags = draw(st.sampled_from([None, *sorted(asleep)]))
+            asleep -= set(asleep) if tags is None else {tags}
+            return ["wake", None if tags is None else [tags]]
+        names = ["step", "step", "capture", "add_lora", "dummy", "remove_lora", "sleep"]
+        if state["captured"] or config["mode"] == "NONE":
+            names.remove("capture")
+        if not config["lora"] or len(active) == config["max_loras"]:
+            names.remove("add_lora")
+        if not active:
+            names.remove("remove_lora")
+        name = draw(st.sampled_from(names))
+        if name == "step":
+            return ["step", _batch(draw, config, active), draw(st.integers(0, 99))]
+        if name == "capture":
+            state["captured"] = True
+            return ["capture"]
+        if name == "add_lora":
+            return _add_lora(draw, state)
+        if name == "remove_lora":
+            lora = draw(st.sampled_from(active))
+            active.remove(lora)
+            return ["remove_lora", lora]
+        if name == "dummy":
+            return _dummy(draw, config)
+        state["asleep"] = {"weights", "kv_cache"}
+        return ["sleep", draw(st.sampled_from([1, 2]))]
+
+    def _batch(draw, config, active) -> list[list[int]]:
+        """Requests [lora, tokens, computed]: uniform decode or mixed; mostly within the
+        largest graph."""
+        decode = draw(st.booleans())
+        limit = MAX_TOKENS if draw(st.integers(0, 3)) == 3 else max(config["sizes"])
+        rows, total = [], 0
+        for _ in range(draw(st.integers(1, MAX_REQS))):
+            n = 1 if decode else draw(st.integers(1, 8))
+            if total + n > limit:
+                break
+            lora = draw(st.sampled_from([0, *active]))
+            rows.append([lora, n, draw(st.integers(0, MAX_MODEL_LEN - n))])
+            total += n
+        return rows or [[0, 1, 0]]
+
+    return draw_program()
+
+
+class _OutOfTime(BaseException):
+    """Raised in the test body when the budget is spent (Hypothesis lets it through)."""
+
+
+@dataclass
+class Search:
+    """What the search saw: examples run, the first find, the smallest failing program."""
+
+    isolator: Isolator
+    fixes: Variant
+    device: str
+    budget_s: float
+    started: float = field(default_factory=time.monotonic)
+    examples: int = 0
+    found_after_s: float | None = None
+    outcome: Outcome | None = None
+    best: tuple[dict, str] | None = None  # (program, evidence)
+    broken: str | None = None  # the harness broke: why
+
+    def job(self, program: dict) -> Job:
+        payload = json.dumps(program, separators=(",", ":"))
+        return Job(
+            "fuzz",
+            f"example-{self.examples}",
+            TARGET,
+            self.fixes,
+            self.device,
+            EXAMPLE_TIMEOUT_S,
+            0,
+            payload=payload,
+        )
+
+    def attempt(self, program: dict) -> str | None:
+        """The evidence when `program` is valid and still shows the finding's class."""
+        from repro.program import invalid
+
+        if invalid(program) or time.monotonic() - self.started > self.shrink_deadline:
+            return None
+        self.examples += 1
+        result = self.isolator.run(self.job(program))
+        return result.evidence if result.outcome == self.outcome else None
+
+    @property
+    def shrink_deadline(self) -> float:
+        return (self.found_after_s or 0.0) + SHRINK_S
+
+    def run(self, program: dict):
+        """Hypothesis' test body: run one program; fail when it shows the finding's class."""
+        now = time.monotonic() - self.started
+        limit = self.budget_s if self.found_after_s is None else self.found_after_s + SHRINK_S / 2
+        if now > limit or self.broken:
+            raise _OutOfTime
+        self.examples += 1
+        result = self.isolator.run(self.job(program))
+        if result.outcome in (Outcome.ERROR, Outcome.SKIPPED):
+            self.broken = f"{result.outcome.value}: {result.evidence.strip()[:2000]}"
+            raise _OutOfTime
+        if not result.outcome.is_failure:
+            return
+        if self.outcome is None:
+            self.outcome, self.found_after_s = result.outcome, time.monotonic() - self.started
+        if result.outcome != self.outcome:
+            return  # another failure: shrinking keeps the first one's class
+        if self.best is None or _size(program) < _size(self.best[0]):
+            self.best = (program, result.evidence)
+        raise AssertionError(f"{result.outcome.value}")
+
+
+def _size(program: dict) -> tuple[int, int]:
+    ops = program["ops"]
+    return len(ops), sum(len(json.dumps(op)) for op in ops)
+
+
+def search(search: Search, seed: int) -> None:
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    @hypothesis_seed(seed)
+    @settings(
+        database=None,
+        max_examples=10**6,
+        deadline=None,
+        verbosity=Verbosity.quiet,
+        phases=(Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+    @given(programs())
+    def body(program: dict) -> None:
+        search.run(program)
+
+    with contextlib.suppress(_OutOfTime, AssertionError):  # the finding is in search.best
+        body()
+    if search.best is not None:
+        search.best = minimize(search, *search.best)
+
+
+def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
+    """Operation-level shrinking after Hypothesis': the shortest failing prefix (binary
+    search), then each operation dropped, then each step's requests dropped, while the program
+    stays valid and keeps the class (until the shrink deadline)."""
+
+    def tried(ops: list) -> str | None:
+        return s.attempt({"config": program["config"], "ops": ops})
+
+    ops, low, high = program["ops"], 1, len(program["ops"])
+    while low < high:  # the shortest prefix that still fails (assumed monotone; checked)
+        mid = (low + high) // 2
+        found = tried(ops[:mid])
+        if found is None:
+            low = mid + 1
+        else:
+            high, evidence = mid, found
+    ops = ops[:high]
+    for i in reversed(range(len(ops))):
+        found = tried(ops[:i] + ops[i + 1 :])
+        if found is not None:
+            ops, evidence = ops[:i] + ops[i + 1 :], found
+    for i, op in enumerate(ops):
+        if op[0] != "step":
+            continue
+        for row in reversed(range(len(op[1]))):
+            rows = ops[i][1][:row] + ops[i][1][row + 1 :]
+            candidate = [*ops[:i], ["step", rows, op[2]], *ops[i + 1 :]]
+            found = tried(candidate) if rows else None
+            if found is not None:
+                ops, evidence = candidate, found
+    return {"config": program["config"], "ops": ops}, evidence
+
+
+def replay_command(args: argparse.Namespace, device: str, program: dict) -> str:
+    words = ["repro", "fuzz", *args.bug]
+    if args.variant:
+        words += ["--variant", args.variant]
+    for part in args.without:
+        words += ["--without", part]
+    words += ["--device", device, "--replay", json.dumps(program, separators=(",", ":"))]
+    return shlex.join(words)
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from repro.commands import device_choice, prepare, time_limit
+
+    fixes = variant(args)
+    program = _program(args.replay) if args.replay is not None else None
+    if args.budget <= 0 or args.budget != args.budget:
+        raise UsageError(f"--budget takes seconds > 0, got {args.budget}")
+    device = devices.resolve(device_choice(args.device))
+    if args.json:
+        from repro.matrix import writable
+
+        writable(args.json, "--json")
+    cap = time_limit(args)
+    label = f"fuzz [{describe(fixes, _parts(args))}, {device}]"
+    with Isolator() as isolator:
+        isolator.warm(device)
+        why_not = prepare(isolator, device)
+        if why_not:
+            print(f"{label}: cannot test: {why_not}")
+            return EXIT_CANNOT_TEST
+        s = Search(isolator, fixes, device, min(args.budget, cap or args.budget))
+        if program is not None:
+            s.examples = 1
+            first = isolator.run(s.job(program))
+            s.outcome, s.best = first.outcome, (program, first.evidence)
+            s.found_after_s = first.seconds if first.outcome.is_failure else None
+        else:
+            search(s, args.seed)
+        again = isolator.run(s.job(s.best[0])) if s.best and s.outcome.is_failure else None
+    return _report(args, label, device, s, again)
+
+
+def _parts(args: argparse.Namespace) -> tuple:
+    return tuple(p for b in args.bug for p in registry.get(b).fix_parts)
+
+
+def _report(args, label: str, device: str, s: Search, again) -> int:
+    from repro import commands
+
+    elapsed = time.monotonic() - s.started
+    doc = {
+        "label": label,
+        "device": device,
+        "seed": args.seed,
+        "examples": s.examples,
+        "seconds": round(elapsed, 1),
+        "found": False,
+    }
+    if s.broken or (
+        s.outcome is not None and not s.outcome.is_failure and s.outcome != Outcome.PASS
+    ):
+        why = s.broken or f"{s.outcome.value}: {s.best[1] if s.best else ''}"
+        print(f"{label}: cannot test: {why.splitlines()[0] if why else ''}")
+        print(commands.evidence_lines(why))
+        code = EXIT_CANNOT_TEST
+    elif s.best is None or not s.outcome.is_failure:
+        print(f"{label}: nothing found: {s.examples} programs in {elapsed:.0f}s (seed {args.seed})")
+        code = EXIT_ABSENT
+    else:
+        from repro.program import describe as describe_op
+
+        program, evidence = s.best
+        confirmed = again is not None and again.outcome == s.outcome
+        print(
+            f"{label}: FOUND {s.outcome.value} after {s.found_after_s:.1f}s "
+            f"({s.examples} programs run, shrunk to {len(program['ops'])} operations)"
+        )
+        print(f"  config: {json.dumps(program['config'])}")
+        for i, op in enumerate(program["ops"]):
+            print(f"  {i:2d}. {describe_op(op)}")
+        print(commands.evidence_lines(evidence, "    "))
+        command = replay_command(args, device, program)
+        print(f"  replay: {command}")
+        code = EXIT_PRESENT if confirmed else EXIT_CANNOT_TEST
+        if not confirmed:
+            seen = again.outcome.value if again else "not run"
+            print(f"{label}: cannot test: flaky: the shrunk program gave {seen} on a second run")
+        doc.update(
+            found=True,
+            outcome=s.outcome.value,
+            found_after_s=round(s.found_after_s, 1),
+            program=program,
+            evidence=evidence,
+            replay=command,
+            confirmed=confirmed,
+        )
+    if args.json:
+        from repro import results
+
+        results.replace(args.json, json.dumps(doc, indent=1) + "\n")
+    sys.stdout.flush()
+    return code

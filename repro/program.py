@@ -1,0 +1,234 @@
+"""Fuzz programs: a runner configuration and a sequence of operations, as JSON, run in a child.
+
+`repro fuzz` (repro/fuzz.py) makes them; `run` (the child's function) builds a Worker, runs the
+operations in order and checks the invariants after each: a step's graph replay equals its
+eager run, the eager run equals the dense float64 reference (the draft attention too), a dummy
+run equals the base model, and no output holds poison (NaN). The first operation that breaks
+one raises WrongResult naming it; a device fault ends the child like any scenario's.
+
+A program: {"config": {...CONFIG keys}, "ops": [[name, *args], ...]}; operations:
+  ["add_lora", id, experts]   load adapter `id` (experts False: none for the experts: disabled)
+  ["remove_lora", id]         evict it
+  ["dummy", tokens, reqs]     a dummy run (profile, warm-up)
+  ["capture"]                 capture_model
+  ["step", [[lora_id, tokens, computed], ...], token_seed]   one step of these requests
+  ["sleep", level]            the worker sleeps (1: weights offloaded, 2: discarded)
+  ["wake", tags]              wake_up(tags): null (all), ["weights"] or ["kv_cache"]
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from harness.oracle import close, expect_all, step_problems
+from harness.record import Context
+from harness.reference import draft_reference, step_reference
+from harness.runner.cudagraph import CUDAGraphMode
+from harness.runner.input_batch import Request, dummy_lengths
+from harness.runner.model import ModelConfig
+from harness.runner.model_runner import ModelOutput, RunnerConfig
+from harness.runner.worker import Worker
+
+# config key -> the values a program may hold (repro/fuzz.py draws from these)
+CONFIG = {
+    "mode": tuple(m.name for m in CUDAGraphMode),
+    "sizes": ((4,), (8,), (4, 8), (4, 16), (4, 8, 16)),
+    "backend": ("paged", "flashmla"),
+    "draft": (False, True),
+    "tables_in_graph": (False, True),
+    "lora": (True, False),
+    "max_loras": (2, 3),
+    "specialize": (False, True),
+}
+MAX_MODEL_LEN, MAX_TOKENS, MAX_REQS = 32, 32, 8
+
+
+def runner_config(ctx: Context, config: dict) -> RunnerConfig:
+    flashmla = config["backend"] == "flashmla"
+    return RunnerConfig(
+        ctx.device,
+        ctx.fixes,
+        model=ModelConfig(max_loras=config["max_loras"]),
+        max_num_tokens=MAX_TOKENS,
+        max_num_reqs=MAX_REQS,
+        cudagraph_mode=CUDAGraphMode[config["mode"]],
+        cudagraph_sizes=tuple(config["sizes"]),
+        enable_lora=config["lora"],
+        specialize_active_lora=config["specialize"],
+        decode_backend=config["backend"],
+        draft_attention=flashmla and config["draft"],
+        max_model_len=MAX_MODEL_LEN,
+        tables_in_graph=config["tables_in_graph"],
+    )
+
+
+def describe(op: list) -> str:
+    """One operation as a line of text."""
+    name, *args = op
+    if name == "step":
+        reqs = ", ".join(f"lora {a} x{n} @{c}" for a, n, c in args[0])
+        return f"step [{reqs}]"
+    return f"{name}({', '.join(json.dumps(a) for a in args)})"
+
+
+def _poisoned(label: str, out: ModelOutput) -> list[str | None]:
+    """NaN in an output: a read of poison (never valid data here)."""
+    found = []
+    for name in ("hidden_states", "logits", "draft"):
+        t = getattr(out, name)
+        if t is not None and t.isnan().any():
+            found.append(
+                f"{label}: {name} holds NaN (poison read) in {int(t.isnan().sum())} places"
+            )
+    return found
+
+
+class Machine:
+    """The worker and what the program did to it (the step's token ids are seeded)."""
+
+    def __init__(self, ctx: Context, config: dict) -> None:
+        self.ctx, self.config = ctx, config
+        self.worker = Worker(runner_config(ctx, config))
+        self.runner = self.worker.model_runner
+        self.clear_kv()
+
+    def clear_kv(self) -> None:
+        """Zero K/V: the context of requests whose earlier steps the program did not run. A
+        dummy run reads the cache too: it matches the base model only while the cache is
+        clean."""
+        for cache in (*self.runner.kv_cache.k_caches, *self.runner.kv_cache.v_caches):
+            cache.zero_()
+        self.kv_clean = True
+
+    def apply(self, op: list) -> list[str | None]:
+        name, *args = op
+        return getattr(self, f"op_{name}")(*args) or []
+
+    def op_add_lora(self, lora_id: int, experts: bool) -> None:
+        self.runner.add_lora(lora_id, seed=self.ctx.seed + 10 + lora_id, experts=experts)
+
+    def op_remove_lora(self, lora_id: int) -> None:
+        self.runner.remove_lora(lora_id)
+
+    def op_capture(self) -> None:
+        self.runner.capture_model()
+
+    def op_sleep(self, level: int) -> None:
+        self.worker.sleep(level)
+
+    def op_wake(self, tags: list[str] | None) -> None:
+        self.worker.wake_up(tags)
+        if tags is None or "kv_cache" in tags:
+            self.clear_kv()  # the engine drops what the KV cache held (wake left 0xFF bytes)
+
+    def op_dummy(self, tokens: int, reqs: int) -> list[str | None]:
+        out = self.runner.execute_model(dummy_run=True, num_tokens=tokens, num_reqs=reqs)
+        dummy = [Request(f"d{r}", (0,) * n) for r, n in enumerate(dummy_lengths(tokens, reqs))]
+        if not self.kv_clean:
+            return _poisoned("dummy run", out)
+        hidden, logits = step_reference(self.runner, dummy, dummy=True)
+        return [
+            close("dummy run hidden states vs base model", out.hidden_states, hidden),
+            close("dummy run logits vs base model", out.logits, logits),
+            *_poisoned("dummy run", out),
+        ]
+
+    def op_step(self, shape: list[list[int]], token_seed: int) -> list[str | None]:
+        gen = torch.Generator().manual_seed(token_seed)
+        vocab = self.runner.model.config.vocab_size
+        requests = [
+            Request(f"r{row}", tuple(torch.randint(0, vocab, (n,), generator=gen).tolist()), a, c)
+            for row, (a, n, c) in enumerate(shape)
+        ]
+        out = self.runner.execute_model(requests)
+        self.kv_clean = False
+        replay = None
+        if out.desc is not None:  # a graph served it: keep its outputs, then run eagerly
+            clone = lambda t: None if t is None else t.clone()
+            replay = ModelOutput(*(clone(t) for t in (out.hidden_states, out.logits, out.draft)))
+            out = self.runner.execute_model(requests, use_cudagraph=False)
+        label = "eager" if replay is None else "replayed"
+        problems = step_problems(label, out, step_reference(self.runner, requests), replay)
+        problems += _poisoned("eager", out) + (_poisoned("replay", replay) if replay else [])
+        if out.draft is not None:
+            lens = [c + n for _, n, c in shape]
+            want = draft_reference(self.runner, out.hidden_states, lens)
+            problems.append(close("eager draft vs reference", out.draft, want))
+            if replay is not None and replay.draft is not None:
+                problems.append(close("draft replay vs eager", replay.draft, out.draft))
+        return problems
+
+
+def run(ctx: Context) -> str:
+    """The child's function: the program in ctx.payload, invariants after every operation."""
+    program = json.loads(ctx.payload)
+    machine = Machine(ctx, program["config"])
+    for i, op in enumerate(program["ops"]):
+        found = [p for p in machine.apply(op) if p]
+        if found:
+            head = f"operation {i} ({describe(op)}) broke an invariant:"
+            expect_all([head, *found])
+    return f"{len(program['ops'])} operations, every invariant held"
+
+
+def invalid(program: dict) -> str | None:
+    """Why `program` is not one `repro fuzz` could draw (None: valid). Pure Python: the
+    parent checks shrunk programs and --replay input with it, before a child runs them."""
+    config, ops = program.get("config"), program.get("ops")
+    if not isinstance(config, dict) or set(config) != set(CONFIG):
+        return f"config needs exactly the keys {sorted(CONFIG)}"
+    for key, values in CONFIG.items():
+        value = tuple(config[key]) if isinstance(config[key], list) else config[key]
+        if value not in values:
+            return f"config {key}={config[key]!r}: one of {values}"
+    active, asleep, captured = [], set(), False
+    for i, op in enumerate(ops if isinstance(ops, list) else [None]):
+        why = _invalid_op(op, config, active, asleep, captured)
+        if why:
+            return f"operation {i} {op!r}: {why}"
+        name = op[0]
+        if name == "add_lora":
+            active.append(op[1])
+        elif name == "remove_lora":
+            active.remove(op[1])
+        elif name == "capture":
+            captured = True
+        elif name == "sleep":
+            asleep = {"weights", "kv_cache"}
+        elif name == "wake":
+            asleep -= set(op[1] or asleep)
+    return None
+
+
+def _invalid_op(op, config, active, asleep, captured) -> str | None:
+    arity = {"add_lora": 2, "remove_lora": 1, "dummy": 2, "capture": 0, "step": 2, "sleep": 1}
+    arity["wake"] = 1
+    if not isinstance(op, list) or not op or op[0] not in arity or len(op) != arity[op[0]] + 1:
+        return f"an operation is [name, *args] with name one of {sorted(arity)}"
+    name, *args = op
+    if asleep and name != "wake":
+        return "the worker sleeps: only wake"
+    if name == "wake":
+        tags = asleep if args[0] is None else set(args[0])
+        return None if asleep and tags <= asleep else "tags that do not sleep"
+    if name == "sleep":
+        return None if args[0] in (1, 2) else "level 1 or 2"
+    if name == "capture":
+        return "captured twice, or mode NONE" if captured or config["mode"] == "NONE" else None
+    if name == "add_lora":
+        full = len(active) >= config["max_loras"] or not config["lora"]
+        return "no free slot (or LoRA off), or active" if full or args[0] in active else None
+    if name == "remove_lora":
+        return None if args[0] in active else "not active"
+    if name == "dummy":
+        tokens, reqs = args
+        return None if 1 <= reqs <= min(tokens, MAX_REQS) and tokens <= MAX_TOKENS else "sizes"
+    rows = args[0]
+    if not rows or len(rows) > MAX_REQS or sum(n for _, n, _ in rows) > MAX_TOKENS:
+        return f"1 to {MAX_REQS} requests, {MAX_TOKENS} tokens at most"
+    for lora, n, computed in rows:
+        if (lora and lora not in active) or n < 1 or not 0 <= computed <= MAX_MODEL_LEN - n:
+            return f"request [{lora}, {n}, {computed}]: inactive adapter or lengths"
+    return None
