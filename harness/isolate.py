@@ -245,10 +245,14 @@ class Isolator:
         jobs: Iterable[Job],
         workers: int | None = None,
         on_result: Callable[[Result], None] | None = None,
+        stop_on_failure: bool = False,
     ) -> list[Result]:
         """Run jobs, at most `workers` at once; results in job order, `on_result` sees each
-        as it ends. Raises Interrupted on Ctrl-C, after killing everything it started."""
+        as it ends. `stop_on_failure`: after the first failure, start nothing more (the jobs
+        not started are `skipped`). Raises Interrupted on Ctrl-C, after killing everything it
+        started."""
         batch = _Batch(self, list(jobs), max(1, workers or os.cpu_count() or 1), on_result)
+        batch.stop_on_failure = stop_on_failure
         try:
             return batch.run()
         except KeyboardInterrupt:
@@ -265,12 +269,20 @@ class _Batch:
         self.results: dict[int, Result] = {}
         self.gpu_load = collections.Counter({gpu: 0 for gpu in iso.gpus})
 
+    stop_on_failure = False
+
     def run(self) -> list[Result]:
         while self.pending or self.running:
+            if self.stop_on_failure and any(r.outcome.is_failure for r in self.results.values()):
+                for i in self.pending:
+                    why = "not run: an earlier scenario failed (--fail-fast)"
+                    self.results[i] = Result(self.jobs[i], Outcome.SKIPPED, why, 0.0)
+                self.pending.clear()
             while self.pending and len(self.running) < self.workers:
                 self._start(self.pending.popleft())
-            self._wait()
-            self._enforce_deadlines()
+            if self.running:
+                self._wait()
+                self._enforce_deadlines()
         return [self.results[i] for i in range(len(self.jobs))]
 
     def abandon(self) -> list[Result]:

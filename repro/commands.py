@@ -147,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--no-confirm", action="store_true", help="exit 1 on a first failure, without a rerun"
     )
+    check.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="one scenario at a time, none after a failure (reported skipped)",
+    )
     check.add_argument("--json", metavar="FILE", help="write the verdict and results as JSON")
     from repro import bench, detectors, fuzz, matrix, mutants, report, serve
 
@@ -442,7 +447,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"{p.label}: cannot test: {why_not}")
             return EXIT_CANNOT_TEST
         try:
-            first = isolator.run_all(p.jobs)
+            workers = 1 if args.fail_fast else None  # in the record's order, one at a time
+            first = isolator.run_all(p.jobs, workers, stop_on_failure=args.fail_fast)
             failed = [r.job for r in first if r.outcome.is_failure]
             again = {} if args.no_confirm else _by_job(isolator.run_all(failed))
         except Interrupted:

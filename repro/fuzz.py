@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import shlex
 import sys
 import time
@@ -44,7 +45,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--without", action="append", default=[], metavar="PART")
     f.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
     f.add_argument("--budget", type=float, default=60.0, help="seconds of search (default 60)")
-    f.add_argument("--seed", type=int, default=0, help="Hypothesis' seed (default 0)")
+    f.add_argument(
+        "--seed",
+        default="0",
+        help="Hypothesis' seed, or a range A-B: one search per seed and a table (default 0)",
+    )
+    f.add_argument(
+        "--shrink",
+        type=float,
+        default=SHRINK_S,
+        help=f"seconds of shrinking (default {SHRINK_S:g})",
+    )
     f.add_argument("--json", metavar="FILE", help="write the finding (or none) as JSON")
     f.add_argument("--replay", metavar="PROGRAM", help="run one program (JSON, or @FILE) once")
 
@@ -184,14 +195,16 @@ class _OutOfTime(BaseException):
 
 @dataclass
 class Search:
-    """What the search saw: examples run, the first find, the smallest failing program."""
+    """What the search saw: programs run, the first find (then the smallest failing one)."""
 
     isolator: Isolator
     fixes: Variant
     device: str
     budget_s: float
+    shrink_s: float = SHRINK_S
     started: float = field(default_factory=time.monotonic)
     examples: int = 0
+    to_find: int = 0  # programs run up to the find
     found_after_s: float | None = None
     outcome: Outcome | None = None
     best: tuple[dict, str] | None = None  # (program, evidence)
@@ -222,33 +235,21 @@ class Search:
 
     @property
     def shrink_deadline(self) -> float:
-        return (self.found_after_s or 0.0) + SHRINK_S
+        return (self.found_after_s or 0.0) + self.shrink_s
 
     def run(self, program: dict):
-        """Hypothesis' test body: run one program; fail when it shows the finding's class."""
-        now = time.monotonic() - self.started
-        limit = self.budget_s if self.found_after_s is None else self.found_after_s + SHRINK_S / 2
-        if now > limit or self.broken:
+        """Hypothesis' test body: run one program; the first failure ends the search."""
+        if time.monotonic() - self.started > self.budget_s or self.broken or self.best:
             raise _OutOfTime
         self.examples += 1
         result = self.isolator.run(self.job(program))
         if result.outcome in (Outcome.ERROR, Outcome.SKIPPED):
             self.broken = f"{result.outcome.value}: {result.evidence.strip()[:2000]}"
-            raise _OutOfTime
-        if not result.outcome.is_failure:
-            return
-        if self.outcome is None:
+        elif result.outcome.is_failure:
             self.outcome, self.found_after_s = result.outcome, time.monotonic() - self.started
-        if result.outcome != self.outcome:
-            return  # another failure: shrinking keeps the first one's class
-        if self.best is None or _size(program) < _size(self.best[0]):
-            self.best = (program, result.evidence)
-        raise AssertionError(f"{result.outcome.value}")
-
-
-def _size(program: dict) -> tuple[int, int]:
-    ops = program["ops"]
-    return len(ops), sum(len(json.dumps(op)) for op in ops)
+            self.best, self.to_find = (program, result.evidence), self.examples
+        if self.broken or self.best:
+            raise _OutOfTime
 
 
 def search(search: Search, seed: int) -> None:
@@ -261,7 +262,7 @@ def search(search: Search, seed: int) -> None:
         max_examples=10**6,
         deadline=None,
         verbosity=Verbosity.quiet,
-        phases=(Phase.generate, Phase.shrink),
+        phases=(Phase.generate,),  # shrinking: minimize(), operation-aware and cheaper
         suppress_health_check=list(HealthCheck),
         report_multiple_bugs=False,
     )
@@ -269,21 +270,39 @@ def search(search: Search, seed: int) -> None:
     def body(program: dict) -> None:
         search.run(program)
 
-    with contextlib.suppress(_OutOfTime, AssertionError):  # the finding is in search.best
+    with contextlib.suppress(_OutOfTime):  # the finding (if any) is in search.best
         body()
     if search.best is not None:
         search.best = minimize(search, *search.best)
 
 
+# configuration values a shrunk program tries, one at a time (the plainest runner)
+SIMPLEST = {
+    "draft": False,
+    "tables_in_graph": False,
+    "specialize": False,
+    "backend": "paged",
+    "sizes": [4],
+    "max_loras": 2,
+}
+
+
 def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
-    """Operation-level shrinking after Hypothesis': the shortest failing prefix (binary
-    search), then each operation dropped, then each step's requests dropped, while the program
-    stays valid and keeps the class (until the shrink deadline)."""
+    """Shrinking, operation-aware: the prefix up to the operation the oracle names (or the
+    shortest failing prefix, by binary search), then each operation dropped, each step's
+    requests dropped, the configuration made plainer; each candidate kept when it is valid and
+    still shows the class, until the shrink deadline."""
 
     def tried(ops: list) -> str | None:
         return s.attempt({"config": program["config"], "ops": ops})
 
-    ops, low, high = program["ops"], 1, len(program["ops"])
+    ops = program["ops"]
+    failing = re.search(r"^operation (\d+) \(", evidence, re.M)  # the oracle names it
+    if failing and int(failing.group(1)) + 1 < len(ops):
+        found = tried(ops[: int(failing.group(1)) + 1])
+        if found is not None:
+            ops, evidence = ops[: int(failing.group(1)) + 1], found
+    low, high = 1, len(ops)
     while low < high:  # the shortest prefix that still fails (assumed monotone; checked)
         mid = (low + high) // 2
         found = tried(ops[:mid])
@@ -293,9 +312,14 @@ def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
             high, evidence = mid, found
     ops = ops[:high]
     for i in reversed(range(len(ops))):
-        found = tried(ops[:i] + ops[i + 1 :])
+        if i >= len(ops):
+            continue
+        end = i + 1  # a sleep goes with the wakes that follow it
+        while ops[i][0] == "sleep" and end < len(ops) and ops[end][0] == "wake":
+            end += 1
+        found = tried(ops[:i] + ops[end:])
         if found is not None:
-            ops, evidence = ops[:i] + ops[i + 1 :], found
+            ops, evidence = ops[:i] + ops[end:], found
     for i, op in enumerate(ops):
         if op[0] != "step":
             continue
@@ -305,7 +329,14 @@ def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
             found = tried(candidate) if rows else None
             if found is not None:
                 ops, evidence = candidate, found
-    return {"config": program["config"], "ops": ops}, evidence
+    config = program["config"]
+    for key, simplest in SIMPLEST.items():
+        if config[key] != simplest:
+            candidate = {"config": {**config, key: simplest}, "ops": ops}
+            found = s.attempt(candidate)
+            if found is not None:
+                config, evidence = candidate["config"], found
+    return {"config": config, "ops": ops}, evidence
 
 
 def replay_command(args: argparse.Namespace, device: str, program: dict) -> str:
@@ -318,13 +349,27 @@ def replay_command(args: argparse.Namespace, device: str, program: dict) -> str:
     return shlex.join(words)
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        first, _, last = text.partition("-")
+        seeds = list(range(int(first), int(last or first) + 1))
+    except ValueError:
+        seeds = []
+    if not seeds:
+        raise UsageError(f"--seed takes N or A-B (A <= B), got {text!r}")
+    return seeds
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from repro.commands import device_choice, prepare, time_limit
 
     fixes = variant(args)
     program = _program(args.replay) if args.replay is not None else None
-    if args.budget <= 0 or args.budget != args.budget:
-        raise UsageError(f"--budget takes seconds > 0, got {args.budget}")
+    seeds = _seeds(args.seed)
+    for name in ("budget", "shrink"):
+        value = getattr(args, name)
+        if not 0 < value < float("inf") and not (name == "shrink" and value == 0):
+            raise UsageError(f"--{name} takes seconds > 0, got {value}")
     device = devices.resolve(device_choice(args.device))
     if args.json:
         from repro.matrix import writable
@@ -332,36 +377,71 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         writable(args.json, "--json")
     cap = time_limit(args)
     label = f"fuzz [{describe(fixes, _parts(args))}, {device}]"
+    docs, codes = [], []
     with Isolator() as isolator:
         isolator.warm(device)
         why_not = prepare(isolator, device)
         if why_not:
             print(f"{label}: cannot test: {why_not}")
             return EXIT_CANNOT_TEST
-        s = Search(isolator, fixes, device, min(args.budget, cap or args.budget))
-        if program is not None:
-            s.examples = 1
-            first = isolator.run(s.job(program))
-            s.outcome, s.best = first.outcome, (program, first.evidence)
-            s.found_after_s = first.seconds if first.outcome.is_failure else None
-        else:
-            search(s, args.seed)
-        again = isolator.run(s.job(s.best[0])) if s.best and s.outcome.is_failure else None
-    return _report(args, label, device, s, again)
+        for seed in [None] if program is not None else seeds:
+            budget = min(args.budget, cap or args.budget)
+            s = Search(isolator, fixes, device, budget, args.shrink)
+            if program is not None:
+                s.examples = s.to_find = 1
+                first = isolator.run(s.job(program))
+                s.outcome, s.best = first.outcome, (program, first.evidence)
+                s.found_after_s = first.seconds if first.outcome.is_failure else None
+            else:
+                search(s, seed)
+            again = None
+            if s.best and s.outcome.is_failure:
+                again = isolator.run(s.job(s.best[0]))
+            code, doc = _report(args, label, device, seed, s, again)
+            codes.append(code)
+            docs.append(doc)
+    if len(docs) > 1:
+        _table(label, docs)
+    if args.json:
+        from repro import results
+
+        payload = docs[0] if len(docs) == 1 else {"label": label, "runs": docs}
+        results.replace(args.json, json.dumps(payload, indent=1) + "\n")
+    return max(codes, key=lambda c: (c == EXIT_CANNOT_TEST, c))
+
+
+def _table(label: str, docs: list[dict]) -> None:
+    from repro.commands import print_table
+
+    rows = [("seed", "found", "class", "seconds to find", "programs to find", "operations")]
+    for d in docs:
+        found = d["found"]
+        rows.append(
+            (
+                str(d["seed"]),
+                "yes" if found else "no",
+                d.get("outcome", "-"),
+                f"{d['found_after_s']:.1f}" if found else f"> {d['seconds']:.0f}",
+                str(d.get("programs_to_find", d["examples"])),
+                str(len(d["program"]["ops"])) if found else "-",
+            )
+        )
+    print(f"\n{label}:")
+    print_table(rows)
 
 
 def _parts(args: argparse.Namespace) -> tuple:
     return tuple(p for b in args.bug for p in registry.get(b).fix_parts)
 
 
-def _report(args, label: str, device: str, s: Search, again) -> int:
+def _report(args, label: str, device: str, seed, s: Search, again) -> tuple[int, dict]:
     from repro import commands
 
     elapsed = time.monotonic() - s.started
     doc = {
         "label": label,
         "device": device,
-        "seed": args.seed,
+        "seed": seed,
         "examples": s.examples,
         "seconds": round(elapsed, 1),
         "found": False,
@@ -374,7 +454,7 @@ def _report(args, label: str, device: str, s: Search, again) -> int:
         print(commands.evidence_lines(why))
         code = EXIT_CANNOT_TEST
     elif s.best is None or not s.outcome.is_failure:
-        print(f"{label}: nothing found: {s.examples} programs in {elapsed:.0f}s (seed {args.seed})")
+        print(f"{label}: nothing found: {s.examples} programs in {elapsed:.0f}s (seed {seed})")
         code = EXIT_ABSENT
     else:
         from repro.program import describe as describe_op
@@ -383,7 +463,8 @@ def _report(args, label: str, device: str, s: Search, again) -> int:
         confirmed = again is not None and again.outcome == s.outcome
         print(
             f"{label}: FOUND {s.outcome.value} after {s.found_after_s:.1f}s "
-            f"({s.examples} programs run, shrunk to {len(program['ops'])} operations)"
+            f"(program {s.to_find}; shrunk to {len(program['ops'])} operations in "
+            f"{s.examples - s.to_find} more runs)"
         )
         print(f"  config: {json.dumps(program['config'])}")
         for i, op in enumerate(program["ops"]):
@@ -399,14 +480,11 @@ def _report(args, label: str, device: str, s: Search, again) -> int:
             found=True,
             outcome=s.outcome.value,
             found_after_s=round(s.found_after_s, 1),
+            programs_to_find=s.to_find,
             program=program,
             evidence=evidence,
             replay=command,
             confirmed=confirmed,
         )
-    if args.json:
-        from repro import results
-
-        results.replace(args.json, json.dumps(doc, indent=1) + "\n")
     sys.stdout.flush()
-    return code
+    return code, doc

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
@@ -52,9 +53,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("bug", nargs="*", help="only these bugs (default: every bug)")
     m.add_argument("--device", help="cpu, cuda, auto or all (default: $REPRO_DEVICE, else auto)")
     m.add_argument("--mutant", action="append", default=[], help="only this mutant (repeatable)")
-    m.add_argument("--jobs", type=int, help="checks at once (default: half the CPU count)")
+    m.add_argument("--jobs", type=int, help="checks at once (default: the CPU count)")
     m.add_argument("--json", metavar="FILE", help="write the results as JSON")
     m.add_argument("--list", action="store_true", help="print the catalogue, run nothing")
+    m.add_argument(
+        "--fuzz",
+        type=float,
+        metavar="SECONDS",
+        help="also fuzz each mutant's tree this long (repro fuzz, seed 0): a second score",
+    )
 
 
 def catalogue(bug_id: str) -> tuple[Mutant, ...]:
@@ -69,6 +76,7 @@ class Cell:
     verdict: str
     seconds: float = 0.0
     evidence: str = ""
+    fuzz: str = ""  # with --fuzz: killed / survived / cannot test by a fuzz budget ("": not run)
 
     @property
     def scored(self) -> bool:
@@ -92,6 +100,8 @@ def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, Mutant]], list[str]
         chosen = [(b, m) for b, m in chosen if m.name in args.mutant]
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.fuzz is not None and not 0 < args.fuzz < float("inf"):
+        raise UsageError(f"--fuzz takes seconds > 0, got {args.fuzz}")
     if args.json:
         writable(args.json, "--json")
     requested = args.device or os.environ.get(devices.ENV_DEVICE) or "auto"
@@ -122,8 +132,8 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     if not runnable:
         print("mutants: nothing could run", file=sys.stderr)
         return EXIT_CANNOT_TEST
-    jobs = args.jobs or max(1, (os.cpu_count() or 2) // 2)
-    cells, interrupted = _run(chosen, runnable, jobs, args.json)
+    jobs = args.jobs or os.cpu_count() or 1  # each check runs its scenarios one at a time
+    cells, interrupted = _run(chosen, runnable, jobs, args.json, args.fuzz or 0.0)
     _report(cells, runnable)
     if args.json:
         _write_json(args.json, cells)
@@ -136,11 +146,13 @@ def _write_json(path: str, cells: list[Cell]) -> None:
     replace(path, json.dumps([_cell_json(c) for c in cells], indent=2) + "\n")
 
 
-def _run(chosen, devices_: list[str], jobs: int, json_path: str | None):
-    """Every (mutant, device), at most `jobs` checks at once, each on its own copy; the JSON
-    file (if any) rewritten after each, so a killed run leaves every finished cell there."""
+def _run(chosen, devices_: list[str], jobs: int, json_path: str | None, fuzz_s: float = 0.0):
+    """Every (mutant, device), at most `jobs` checks at once, each on its own copy (then, with
+    `fuzz_s`, a fuzz of the copy); the JSON file (if any) rewritten after each, so a killed run
+    leaves every finished cell there."""
     todo = [(b, m, d) for d in devices_ for b, m in chosen]
     cells: dict[int, Cell] = {}
+    checked: dict[int, Cell] = {}  # checked, being fuzzed
     running: dict[int, tuple[subprocess.Popen, Path, float]] = {}
     with (
         tempfile.TemporaryDirectory(prefix="repro-mutants-") as tmp,
@@ -170,7 +182,14 @@ def _run(chosen, devices_: list[str], jobs: int, json_path: str | None):
                     out = proc.stdout.read() if proc.stdout else ""
                     bug, mutant, device = todo[i]
                     verdict = VERDICTS.get(code, f"exit {code}")
-                    cells[i] = Cell(bug, mutant, device, verdict, time.monotonic() - t0, out)
+                    if i in checked:  # the fuzz of a checked mutant ended
+                        cells[i] = dataclasses.replace(checked.pop(i), fuzz=verdict)
+                    else:
+                        cells[i] = Cell(bug, mutant, device, verdict, time.monotonic() - t0, out)
+                    if fuzz_s and i not in checked and not cells[i].fuzz:
+                        checked[i] = cells.pop(i)
+                        running[i] = (_fuzz(device, copy, env, fuzz_s), copy, t0)
+                        continue
                     del running[i]
                     shutil.rmtree(copy, ignore_errors=True)
                     _progress(cells[i], len(cells), len(todo))
@@ -221,7 +240,7 @@ def _start(bug: str, mutant: Mutant, device: str, pristine: Path, copy: Path, en
     if mutant.file.startswith("csrc/"):
         env["REPRO_CACHE_DIR"] = str(copy / ".cache")  # the mutant's own build
     proc = subprocess.Popen(
-        [sys.executable, "-m", "repro", "check", bug, "--device", device],
+        [sys.executable, "-m", "repro", "check", bug, "--device", device, "--fail-fast"],
         cwd=copy,
         env=env,
         stdout=subprocess.PIPE,
@@ -230,6 +249,21 @@ def _start(bug: str, mutant: Mutant, device: str, pristine: Path, copy: Path, en
         start_new_session=True,
     )
     return proc, copy
+
+
+def _fuzz(device: str, copy: Path, env: dict, seconds: float) -> subprocess.Popen:
+    """`repro fuzz` of the mutant's copy (the fixed variant: the mutant is the regression)."""
+    command = [sys.executable, "-m", "repro", "fuzz", "--device", device, "--seed", "0"]
+    command += ["--budget", str(seconds), "--shrink", "0"]
+    return subprocess.Popen(
+        command,
+        cwd=copy,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -257,10 +291,14 @@ def _report(cells: list[Cell], devices_: list[str]) -> None:
     by_mutant: dict[tuple[str, str], dict[str, Cell]] = {}
     for c in cells:
         by_mutant.setdefault((c.bug, c.mutant.name), {})[c.device] = c
-    rows = [("bug", "mutant", "part", "kind", *devices_)]
+    fuzzed = any(c.fuzz for c in cells)
+    columns = [*devices_, *(f"{d} fuzz" for d in devices_ if fuzzed)]
+    rows = [("bug", "mutant", "part", "kind", *columns)]
     for (bug, name), per in by_mutant.items():
         m = next(iter(per.values())).mutant
         verdicts = [per[d].verdict if d in per else "-" for d in devices_]
+        if fuzzed:
+            verdicts += [(per[d].fuzz or "-") if d in per else "-" for d in devices_]
         kind = m.kind + (" (equivalent)" if m.equivalent else "")
         rows.append((bug, name, m.part.value, kind, *verdicts))
     print()
@@ -270,6 +308,13 @@ def _report(cells: list[Cell], devices_: list[str]) -> None:
         killed = sum(c.verdict == "killed" for c in scored)
         if scored:
             print(f"\n{d}: mutation score {killed}/{len(scored)} = {killed / len(scored):.0%}")
+        fuzzed_here = [c for c in scored if c.fuzz]
+        if fuzzed_here:
+            by_fuzz = sum(c.fuzz == "killed" for c in fuzzed_here)
+            print(
+                f"{d}: fuzz score (second, not required) {by_fuzz}/{len(fuzzed_here)} = "
+                f"{by_fuzz / len(fuzzed_here):.0%}"
+            )
     if len(devices_) > 1:
         differ = [
             key
@@ -294,4 +339,5 @@ def _cell_json(c: Cell) -> dict:
         "ok": c.ok,
         "seconds": round(c.seconds, 2),
         "evidence": c.evidence[-4000:],
+        **({"fuzz": c.fuzz} if c.fuzz else {}),
     }

@@ -257,6 +257,17 @@ def test_junit_class_names_have_no_spaces() -> None:
     assert name == "moe_align_grid.without-moe_align_oob_guard,a_b.cpu"
 
 
+@pytest.mark.moe_align_grid
+def test_check_fail_fast_starts_nothing_after_a_failure(capsys, device) -> None:
+    argv = ["check", "moe_align_grid", "--variant", "buggy", "--device", device, "--fail-fast"]
+    argv += ["--scenario", "last_slot_rows", "--scenario", "upstream_sizes"]
+    argv += ["--scenario", "oob_lora_id", "--scenario", "disabled_adapter"]
+    code, out, _ = repro(capsys, *argv)
+    assert code == 1 and "last_slot_rows=wrong_result" in out, out
+    for name in ("upstream_sizes", "oob_lora_id", "disabled_adapter"):
+        assert f"{name}=skipped" in out, out
+
+
 def test_check_writes_its_verdict_with_the_confirmations(tmp_path, device) -> None:
     path = tmp_path / "check.json"
     argv = ("check", "moe_align_grid", "--variant", "buggy", "--scenario", "last_slot_rows")

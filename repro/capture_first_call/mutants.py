@@ -70,4 +70,14 @@ MUTANTS = (
         "an extra eager run on the fresh capture state: it plans there, so the graph lacks "
         "the planner (the order #46523 avoids: disposable state first, fresh state after)",
     ),
+    Mutant(
+        "prewarm_uniform_decode_only",
+        PART,
+        "partial",
+        GRAPHS,
+        CONDITION,
+        CONDITION.replace("Fix.CAPTURE_PREWARM", "desc.uniform_decode and Fix.CAPTURE_PREWARM"),
+        "only the uniform-decode FULL graphs are prewarmed (FULL_AND_PIECEWISE's): pure FULL's "
+        "graphs serve every batch and capture on a first call",
+    ),
 )

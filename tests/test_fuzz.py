@@ -1,0 +1,121 @@
+"""`repro fuzz`: programs it draws are valid, bad input is refused, and a counterexample is
+found, shrunk, confirmed and replayed with the exit codes the command promises."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from repro.commands import dispatch
+from repro.fuzz import programs
+from repro.program import invalid
+
+CONFIG = {
+    "mode": "FULL",
+    "sizes": [4],
+    "backend": "paged",
+    "draft": False,
+    "tables_in_graph": False,
+    "lora": True,
+    "max_loras": 2,
+    "specialize": False,
+}
+# lora_graph_capture's trigger as a program: an adapter, FULL capture, one LoRA decode step
+LORA_STEP = {
+    "config": CONFIG,
+    "ops": [["add_lora", 1, True], ["capture"], ["step", [[1, 1, 0]], 0]],
+}
+
+
+def fuzz(capsys, *argv: str) -> tuple[int, str]:
+    code = dispatch(["fuzz", *argv])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(programs())
+def test_every_drawn_program_is_valid(program) -> None:
+    assert invalid(program) is None, program
+    assert json.loads(json.dumps(program)) == program, "a program is plain JSON"
+
+
+@pytest.mark.parametrize(
+    ("ops", "why"),
+    [
+        ([["step", [[1, 1, 0]], 0]], "inactive adapter"),
+        ([["capture"], ["capture"]], "captured twice"),
+        ([["sleep", 1], ["step", [[0, 1, 0]], 0]], "only wake"),
+        ([["wake", None]], "do not sleep"),
+        ([["sleep", 1], ["wake", ["weights"]], ["wake", ["weights"]]], "do not sleep"),
+        ([["add_lora", 1, True]] * 2, "active"),
+        ([["add_lora", i, True] for i in (1, 2, 3)], "no free slot"),
+        ([["remove_lora", 1]], "not active"),
+        ([["step", [[0, 40, 0]], 0]], "tokens at most"),
+        ([["step", [[0, 4, 30]], 0]], "lengths"),
+        ([["dummy", 2, 3]], "sizes"),
+        ([["jump"]], "an operation is"),
+    ],
+)
+def test_invalid_programs_are_named(ops, why) -> None:
+    assert why in (invalid({"config": CONFIG, "ops": ops}) or "valid")
+
+
+def test_invalid_configs_are_named() -> None:
+    assert "mode" in invalid({"config": {**CONFIG, "mode": "FULL_DECODE_ONLY"}, "ops": []})
+    assert "keys" in invalid({"config": {"mode": "FULL"}, "ops": []})
+    assert "capture" in invalid({"config": {**CONFIG, "mode": "NONE"}, "ops": [["capture"]]})
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--variant", "buggy"], "needs a bug"),
+        (["lora_graph_capture", "--without", "moe_align_oob_guard"], "not a part of"),
+        (["lora_graph_capture", "--variant", "buggy", "--without", "lora_capture_launch"], "one"),
+        (["no_such_bug"], "unknown bug id"),
+        (["--budget", "0"], "--budget takes seconds"),
+        (["--budget", "nan"], "--budget takes seconds"),
+        (["--shrink", "-1"], "--shrink takes seconds"),
+        (["--replay", "{not json"], "not JSON"),
+        (["--replay", "[]"], "a program is"),
+        (["--replay", json.dumps({"config": CONFIG, "ops": [["capture"], ["capture"]]})], "valid"),
+        (["--replay", "@/no/such/file"], "--replay @/no/such/file"),
+        (["--device", "tpu"], "device"),
+        (["--seed", "x"], "--seed takes"),
+        (["--seed", "5-3"], "--seed takes"),
+    ],
+)
+def test_usage_errors(capsys, argv, message) -> None:
+    code, out = fuzz(capsys, *argv)
+    assert code == 2 and message in out, out
+
+
+@pytest.mark.lora_graph_capture
+def test_replay_of_a_counterexample(capsys, device, tmp_path) -> None:
+    """Exit 1 with the evidence and a replay command on the buggy variant, 0 on the fixed."""
+    program = json.dumps(LORA_STEP)
+    report = tmp_path / "found.json"
+    argv = ["lora_graph_capture", "--device", device, "--replay", program]
+    code, out = fuzz(capsys, *argv, "--variant", "buggy", "--json", str(report))
+    assert code == 1, out
+    assert "FOUND wrong_result" in out and "operation 2 (step [lora 1 x1 @0])" in out
+    assert "replay: repro fuzz lora_graph_capture --variant buggy" in out
+    doc = json.loads(report.read_text())
+    assert doc["found"] and doc["confirmed"] and doc["program"] == LORA_STEP
+    code, out = fuzz(capsys, *argv)
+    assert code == 0 and "nothing found" in out, out
+
+
+@pytest.mark.lora_graph_capture
+def test_search_finds_shrinks_and_confirms(capsys, device) -> None:
+    """The search itself (seed 7, a short shrink): lora_graph_capture's buggy variant is found
+    and the counterexample shrunk to a handful of operations, ending with a LoRA step."""
+    argv = ["lora_graph_capture", "--variant", "buggy", "--device", device]
+    code, out = fuzz(capsys, *argv, "--budget", "120", "--seed", "7", "--shrink", "30")
+    assert code == 1, out
+    assert "FOUND wrong_result" in out and "--replay" in out
+    ops = [line for line in out.splitlines() if line[:4].strip().rstrip(".").isdigit()]
+    assert 2 <= len(ops) <= 6 and "capture()" in out, out
