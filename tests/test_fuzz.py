@@ -4,13 +4,18 @@ found, shrunk, confirmed and replayed with the exit codes the command promises."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from harness.fixes import ALL_FIXES
+from harness.isolate import Isolator, Job
+from harness.outcome import Outcome
 from repro.commands import dispatch
-from repro.fuzz import programs
+from repro.fuzz import EXAMPLE_TIMEOUT_S, TARGET, programs
 from repro.program import invalid
+from repro.registry import get
 
 CONFIG = {
     "mode": "FULL",
@@ -119,3 +124,27 @@ def test_search_finds_shrinks_and_confirms(capsys, device) -> None:
     assert "FOUND wrong_result" in out and "--replay" in out
     ops = [line for line in out.splitlines() if line[:4].strip().rstrip(".").isdigit()]
     assert 2 <= len(ops) <= 6 and "capture()" in out, out
+
+
+COUNTEREXAMPLES = json.loads((Path(__file__).parent / "fuzz_counterexamples.json").read_text())
+
+
+def _counterexamples():
+    for bug_id, found in sorted(COUNTEREXAMPLES.items()):
+        yield pytest.param(bug_id, found, marks=getattr(pytest.mark, bug_id), id=bug_id)
+
+
+@pytest.mark.parametrize(("bug_id", "found"), list(_counterexamples()))
+def test_counterexamples_found_while_building_stay_found(device, bug_id, found) -> None:
+    """Each shrunk counterexample `repro fuzz` found (tests/fuzz_counterexamples.json) shows
+    its class on the bug's buggy variant, a class the record documents, and passes fixed."""
+    bug = get(bug_id)
+    assert invalid(found["program"]) is None
+    documented = {o for s in bug.scenarios for o in s.documented(device)}
+    assert Outcome(found["outcome"]) in documented
+    payload = json.dumps(found["program"])
+    with Isolator() as isolator:
+        for fixes, want in ((bug.buggy_variant, found["outcome"]), (ALL_FIXES, "pass")):
+            job = Job(bug_id, "fuzz", TARGET, fixes, device, EXAMPLE_TIMEOUT_S, payload=payload)
+            result = isolator.run(job)
+            assert result.outcome.value == want, result.evidence
