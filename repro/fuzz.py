@@ -4,7 +4,10 @@ Hypothesis draws programs (repro/program.py: a runner configuration and a sequen
 operations valid for the state they leave: adapters loaded, captured or not, which tags sleep);
 each program runs in an isolated child, like a scenario, which checks the invariants after
 every operation. A failure (any class from wrong_result on: a device fault is a finding) is
-shrunk by Hypothesis, keeping its outcome class, then confirmed by one more run.
+shrunk (the operations up to the one that broke, then operations, sleep/wake pairs and
+requests dropped, a plainer configuration), keeping its outcome class, then confirmed by one
+more run. With parts switched off, a finding must pass on the fixed runner: one the fixed
+runner shares is a defect of the runner or of the oracle, and ends the search with 125.
 
 Exit codes: 0 nothing found within the budget; 1 a counterexample (printed shrunk, with its
 evidence and one command that replays it); 125 cannot test; 2 usage.
@@ -209,14 +212,15 @@ class Search:
     outcome: Outcome | None = None
     best: tuple[dict, str] | None = None  # (program, evidence)
     broken: str | None = None  # the harness broke: why
+    on_fixed: dict = field(default_factory=dict)  # program -> the fixed runner's failure class
 
-    def job(self, program: dict) -> Job:
+    def job(self, program: dict, fixes: Variant | None = None) -> Job:
         payload = json.dumps(program, separators=(",", ":"))
         return Job(
             "fuzz",
             f"example-{self.examples}",
             TARGET,
-            self.fixes,
+            self.fixes if fixes is None else fixes,
             self.device,
             EXAMPLE_TIMEOUT_S,
             0,
@@ -245,11 +249,29 @@ class Search:
         result = self.isolator.run(self.job(program))
         if result.outcome in (Outcome.ERROR, Outcome.SKIPPED):
             self.broken = f"{result.outcome.value}: {result.evidence.strip()[:2000]}"
+        elif result.outcome.is_failure and self.fixed_fails(program):
+            self.broken = (
+                f"the fixed runner fails this program too ({self.fixed_fails(program)}): a defect "
+                "of the runner or of the fuzzer's oracle, not of the parts switched off:\n"
+                f"repro fuzz --device {self.device} --replay "
+                f"{shlex.quote(json.dumps(program, separators=(',', ':')))}\n{result.evidence}"
+            )
         elif result.outcome.is_failure:
             self.outcome, self.found_after_s = result.outcome, time.monotonic() - self.started
             self.best, self.to_find = (program, result.evidence), self.examples
         if self.broken or self.best:
             raise _OutOfTime
+
+    def fixed_fails(self, program: dict) -> str | None:
+        """With parts switched off, a finding must be theirs: the class the fixed runner
+        shows for `program` (None: it passes, or nothing is switched off)."""
+        if self.fixes == ALL_FIXES:
+            return None
+        key = json.dumps(program, sort_keys=True)
+        if key not in self.on_fixed:
+            result = self.isolator.run(self.job(program, ALL_FIXES))
+            self.on_fixed[key] = result.outcome.value if result.outcome.is_failure else None
+        return self.on_fixed[key]
 
 
 def search(search: Search, seed: int) -> None:
@@ -273,7 +295,10 @@ def search(search: Search, seed: int) -> None:
     with contextlib.suppress(_OutOfTime):  # the finding (if any) is in search.best
         body()
     if search.best is not None:
+        first = search.best
         search.best = minimize(search, *search.best)
+        if search.best[0] != first[0] and search.fixed_fails(search.best[0]):
+            search.best = first  # shrunk onto a program the fixed runner fails too
 
 
 # configuration values a shrunk program tries, one at a time (the plainest runner)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,7 +14,7 @@ from harness.fixes import ALL_FIXES
 from harness.isolate import Isolator, Job
 from harness.outcome import Outcome
 from repro.commands import dispatch
-from repro.fuzz import EXAMPLE_TIMEOUT_S, TARGET, programs
+from repro.fuzz import EXAMPLE_TIMEOUT_S, TARGET, Search, _OutOfTime, programs
 from repro.program import invalid
 from repro.registry import get
 
@@ -148,3 +149,33 @@ def test_counterexamples_found_while_building_stay_found(device, bug_id, found) 
             job = Job(bug_id, "fuzz", TARGET, fixes, device, EXAMPLE_TIMEOUT_S, payload=payload)
             result = isolator.run(job)
             assert result.outcome.value == want, result.evidence
+
+
+class _Runs:
+    """An isolator whose runs fail on every variant, or on the buggy one only."""
+
+    def __init__(self, fixed_fails: bool) -> None:
+        self.fixed_fails, self.variants = fixed_fails, []
+
+    def run(self, job: Job):
+        self.variants.append(job.fixes)
+        failing = self.fixed_fails or job.fixes != ALL_FIXES
+        outcome = Outcome.WRONG_RESULT if failing else Outcome.PASS
+        return SimpleNamespace(outcome=outcome, evidence="operation 0 (capture()) broke", seconds=0)
+
+
+@pytest.mark.parametrize("fixed_fails", [False, True])
+def test_a_finding_must_be_the_switched_off_parts(fixed_fails) -> None:
+    """With a bug's parts off, a failing program is run on the fixed runner too: a finding the
+    fixed runner shares is the runner's or the oracle's (cannot test), never the bug's."""
+    buggy = get("lazy_attn_state").buggy_variant
+    runs = _Runs(fixed_fails)
+    search = Search(runs, buggy, "cpu", budget_s=60)
+    with pytest.raises(_OutOfTime):
+        search.run(LORA_STEP)
+    assert runs.variants == [buggy, ALL_FIXES]
+    if fixed_fails:
+        assert search.best is None and "the fixed runner fails this program too" in search.broken
+    else:
+        assert search.broken is None and search.best[0] == LORA_STEP
+    assert Search(runs, ALL_FIXES, "cpu", 60).fixed_fails(LORA_STEP) is None  # nothing is off
