@@ -65,6 +65,11 @@ RECORD = BugRecord(
             axes=Axes(adapters=("enabled", "disabled", "absent")),
         ),
         Scenario(
+            "triton_twin",
+            (Expect(frozenset({GRID, GUARD, SORT_CHECK}), WRONG),),
+            axes=Axes(adapters=("enabled", "disabled", "absent")),
+        ),
+        Scenario(
             "runner_mixed_batch",
             (Expect(frozenset({GRID}), ILLEGAL),),
             axes=Axes(graph_modes=("NONE",), adapters=("enabled", "absent")),

@@ -84,9 +84,13 @@ def align_fixes(ctx: Context) -> AlignFixes:
     return AlignFixes(GRID in ctx.fixes, GUARD in ctx.fixes, SORT_CHECK in ctx.fixes)
 
 
+_TWIN_ONLY = False  # set by triton_twin, in its own child
+
+
 def backend(ctx: Context) -> str:
-    """The GPU runs the CUDA C++ kernels of csrc/; the CPU their Triton twin (interpreter)."""
-    return "cuda" if ctx.device == "cuda" else "triton"
+    """The GPU runs the CUDA C++ kernels of csrc/; the CPU their Triton twin (interpreter), as
+    does triton_twin on every device."""
+    return "cuda" if ctx.device == "cuda" and not _TWIN_ONLY else "triton"
 
 
 def sentinel_outputs(batch: Batch, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -261,22 +265,41 @@ def _forged_rows(ctx: Context, batch: Batch, rows: int, label: str) -> list[str 
 
 
 def disabled_adapter(ctx: Context) -> str:
-    """A disabled adapter on the large path (numel 1226 >= 1024), token mask poisoned.
+    """A disabled adapter on the large path (numel 1226 >= 1024), token mask poisoned, and on
+    the small path.
 
     lora_ids = [-1, 0, 1], lora 0 disabled. The align kernel skips the disabled slot, so its
     token-mask row is never written (poison, read as true). Fixed: lora 0's rows keep their
     sentinels, lora 1's match. Without the sort kernel's adapter check the disabled slot's rows
-    are written; without the grid fix lora 1's rows are missing: wrong result either way.
+    are written; without the grid fix lora 1's rows are missing: wrong result either way. The
+    small path's own adapter check is not a fix part of this bug: a regression of it is caught
+    here too.
     """
     max_loras = 2
     enabled = torch.tensor([0, 1, 1], dtype=torch.int32)
-    batch = make_batch(ctx, LARGE_TOKENS, [-1, 0, 1], max_loras, adapter_enabled=enabled)
-    outputs = sentinel_outputs(batch, ctx.device)
-    prefill = tuple(t.clone() for t in outputs)
-    with poisoned_allocations():  # the launcher's token_mask workspace is torch.empty
-        run_align(ctx, batch, outputs)
-    expect_all(align_problems("large path, lora 0 disabled:", batch, outputs, prefill))
-    return "disabled lora 0 rows untouched; lora 1 rows match"
+    problems = []
+    for path, num_tokens in (("large", LARGE_TOKENS), ("small", SMALL_TOKENS)):
+        batch = make_batch(ctx, num_tokens, [-1, 0, 1], max_loras, adapter_enabled=enabled)
+        outputs = sentinel_outputs(batch, ctx.device)
+        prefill = tuple(t.clone() for t in outputs)
+        with poisoned_allocations():  # the launcher's token_mask workspace is torch.empty
+            run_align(ctx, batch, outputs)
+        problems += align_problems(f"{path} path, lora 0 disabled:", batch, outputs, prefill)
+    expect_all(problems)
+    return "disabled lora 0 rows untouched; lora 1 rows match (both paths)"
+
+
+def triton_twin(ctx: Context) -> str:
+    """last_slot_rows, oob_lora_id and disabled_adapter on the Triton twin of the align
+    kernels, whatever the device. On the GPU every other kernel-level scenario runs the CUDA
+    C++ kernels, yet the twin is code under test there too (the kernel an engine without csrc/
+    runs; the marker suite tests it on the GPU): a regression of the twin flips this scenario
+    on both devices. On the CPU it repeats what the three run already."""
+    global _TWIN_ONLY
+    _TWIN_ONLY = True
+    for scenario in (last_slot_rows, oob_lora_id, disabled_adapter):
+        scenario(ctx)
+    return "the Triton twin: every LoRA row matches, forged ids skipped, disabled rows untouched"
 
 
 def runner_mixed_batch(ctx: Context) -> str:
