@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import random
 import re
 import shlex
 import sys
@@ -100,96 +101,117 @@ def _program(text: str) -> dict:
 
 
 # How often each configuration value is drawn (repeats weigh; the first is where shrinking
-# goes): graphs, LoRA and captures more often than their absence, as they hold more state.
+# goes): graphs, LoRA and captures more often than their absence, as they hold more state;
+# FULL_AND_PIECEWISE (upstream's default mode), the lazily planned decode backend and uniform
+# decode steps most: only they together reach the FULL decode graphs' attention state. Chosen
+# by counting, without running any, the programs drawn before the first that reaches it, over
+# seeds 0-29: at most 15 with these weights, 49 with FULL_AND_PIECEWISE and FULL equal, one
+# backend in two and one decode step in two (and at most 28 against 36 before the first that
+# replays a graph which gathers the block tables after a KV wake).
 WEIGHTED = {
-    "mode": ("FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE", "FULL_AND_PIECEWISE", "FULL"),
+    "mode": ("FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE") + ("FULL_AND_PIECEWISE",) * 2,
+    "backend": ("flashmla", "paged", "flashmla"),
     "lora": (False, True, True),
 }
+DECODE = (True, True, False)  # a step is a uniform decode batch, or a mixed one
+SETUP_CAPTURE = (True, True, True, False)  # the set-up captures (else a later operation may)
 
 
 def programs():
-    """The Hypothesis strategy of programs (imported lazily: usage errors stay fast): a
-    configuration, a set-up (adapters, a dummy run, a capture: each drawn or not), then
-    operations valid in the state the earlier ones left."""
+    """The Hypothesis strategy of programs (imported lazily: usage errors stay fast): one drawn
+    integer seeds the program's own generator (`draw_program`). Hypothesis drawing every choice
+    itself made its first 50 examples of a search "small" (each choice after a random prefix at
+    its simplest) and most of the rest copies of parts of earlier ones: on a search of a few
+    hundred programs, the first that reached lazy_attn_state's FULL decode attention came
+    after 90 on seed 0 though one program in nine reaches it. A drawn seed keeps the programs
+    of a search independent, and Hypothesis the seeds (--seed), their order and the tests."""
     from hypothesis import strategies as st
 
-    from repro.program import CONFIG, MAX_MODEL_LEN, MAX_REQS, MAX_TOKENS
+    return st.integers(0, 2**32 - 1).map(lambda n: draw_program(random.Random(n)))
 
-    @st.composite
-    def draw_program(draw) -> dict:
-        config = {
-            key: draw(st.sampled_from(WEIGHTED.get(key, values))) for key, values in CONFIG.items()
-        }
-        config["sizes"] = list(config["sizes"])
-        state = {"active": [], "asleep": set(), "captured": False}
-        ops: list[list] = []
-        if config["lora"]:
-            for _ in range(draw(st.integers(0, config["max_loras"]))):
-                ops.append(_add_lora(draw, state))
-        if draw(st.booleans()):
-            ops.append(_dummy(draw, config))
-        if config["mode"] != "NONE" and draw(st.booleans()):
-            ops.append(["capture"])
-            state["captured"] = True
-        for _ in range(draw(st.integers(1, MAX_OPS))):
-            ops.append(_operation(draw, config, state))
-        return {"config": config, "ops": ops}
 
-    def _add_lora(draw, state) -> list:
-        lora = min(set(range(1, 9)) - set(state["active"]))
-        state["active"].append(lora)
-        return ["add_lora", lora, not draw(st.booleans())]  # shrinks to: with experts
+def draw_program(rng: random.Random) -> dict:
+    """A configuration, a set-up (adapters, a dummy run, a capture: each drawn or not), then
+    operations valid in the state the earlier ones left."""
+    from repro.program import CONFIG
 
-    def _dummy(draw, config) -> list:
-        tokens = draw(st.integers(1, max(config["sizes"])))
-        return ["dummy", tokens, draw(st.integers(1, min(tokens, MAX_REQS)))]
+    config = {key: rng.choice(WEIGHTED.get(key, values)) for key, values in CONFIG.items()}
+    config["sizes"] = list(config["sizes"])
+    state = {"active": [], "asleep": set(), "captured": False}
+    ops: list[list] = []
+    if config["lora"]:
+        for _ in range(rng.randint(0, config["max_loras"])):
+            ops.append(_add_lora(rng, state))
+    if rng.random() < 0.5:
+        ops.append(_dummy(rng, config))
+    if config["mode"] != "NONE" and rng.choice(SETUP_CAPTURE):
+        ops.append(["capture"])
+        state["captured"] = True
+    for _ in range(rng.randint(2, MAX_OPS)):
+        ops.append(_operation(rng, config, state))
+    return {"config": config, "ops": ops}
 
-    def _operation(draw, config, state) -> list:
-        active, asleep = state["active"], state["asleep"]
-        if asleep:
-            tags = draw(st.sampled_from([None, *sorted(asleep)]))
-            asleep -= set(asleep) if tags is None else {tags}
-            return ["wake", None if tags is None else [tags]]
-        names = ["step", "step", "capture", "add_lora", "dummy", "remove_lora", "sleep"]
-        if state["captured"] or config["mode"] == "NONE":
-            names.remove("capture")
-        if not config["lora"] or len(active) == config["max_loras"]:
-            names.remove("add_lora")
-        if not active:
-            names.remove("remove_lora")
-        name = draw(st.sampled_from(names))
-        if name == "step":
-            return ["step", _batch(draw, config, active), draw(st.integers(0, 99))]
-        if name == "capture":
-            state["captured"] = True
-            return ["capture"]
-        if name == "add_lora":
-            return _add_lora(draw, state)
-        if name == "remove_lora":
-            lora = draw(st.sampled_from(active))
-            active.remove(lora)
-            return ["remove_lora", lora]
-        if name == "dummy":
-            return _dummy(draw, config)
-        state["asleep"] = {"weights", "kv_cache"}
-        return ["sleep", draw(st.sampled_from([1, 2]))]
 
-    def _batch(draw, config, active) -> list[list[int]]:
-        """Requests [lora, tokens, computed]: uniform decode or mixed; mostly within the
-        largest graph."""
-        decode = draw(st.booleans())
-        limit = MAX_TOKENS if draw(st.integers(0, 3)) == 3 else max(config["sizes"])
-        rows, total = [], 0
-        for _ in range(draw(st.integers(1, MAX_REQS))):
-            n = 1 if decode else draw(st.integers(1, 8))
-            if total + n > limit:
-                break
-            lora = draw(st.sampled_from([0, *active]))
-            rows.append([lora, n, draw(st.integers(0, MAX_MODEL_LEN - n))])
-            total += n
-        return rows or [[0, 1, 0]]
+def _add_lora(rng: random.Random, state: dict) -> list:
+    lora = min(set(range(1, 9)) - set(state["active"]))
+    state["active"].append(lora)
+    return ["add_lora", lora, rng.random() < 0.5]  # False: no expert weights (disabled)
 
-    return draw_program()
+
+def _dummy(rng: random.Random, config: dict) -> list:
+    from repro.program import MAX_REQS
+
+    tokens = rng.randint(1, max(config["sizes"]))
+    return ["dummy", tokens, rng.randint(1, min(tokens, MAX_REQS))]
+
+
+def _operation(rng: random.Random, config: dict, state: dict) -> list:
+    active, asleep = state["active"], state["asleep"]
+    if asleep:
+        tags = rng.choice([None, *sorted(asleep)])
+        asleep -= set(asleep) if tags is None else {tags}
+        return ["wake", None if tags is None else [tags]]
+    names = ["step", "step", "capture", "add_lora", "dummy", "remove_lora", "sleep"]
+    if state["captured"] or config["mode"] == "NONE":
+        names.remove("capture")
+    if not config["lora"] or len(active) == config["max_loras"]:
+        names.remove("add_lora")
+    if not active:
+        names.remove("remove_lora")
+    name = rng.choice(names)
+    if name == "step":
+        return ["step", _batch(rng, config, active), rng.randint(0, 99)]
+    if name == "capture":
+        state["captured"] = True
+        return ["capture"]
+    if name == "add_lora":
+        return _add_lora(rng, state)
+    if name == "remove_lora":
+        lora = rng.choice(active)
+        active.remove(lora)
+        return ["remove_lora", lora]
+    if name == "dummy":
+        return _dummy(rng, config)
+    state["asleep"] = {"weights", "kv_cache"}
+    return ["sleep", rng.choice([1, 2])]
+
+
+def _batch(rng: random.Random, config: dict, active: list) -> list[list[int]]:
+    """Requests [lora, tokens, computed]: uniform decode or mixed; mostly within the largest
+    graph."""
+    from repro.program import MAX_MODEL_LEN, MAX_REQS, MAX_TOKENS
+
+    decode = rng.choice(DECODE)
+    limit = MAX_TOKENS if rng.randint(0, 3) == 3 else max(config["sizes"])
+    rows, total = [], 0
+    for _ in range(rng.randint(1, MAX_REQS)):
+        n = 1 if decode else rng.randint(1, 8)
+        if total + n > limit:
+            break
+        lora = rng.choice([0, *active])
+        rows.append([lora, n, rng.randint(0, MAX_MODEL_LEN - n)])
+        total += n
+    return rows or [[0, 1, 0]]
 
 
 class _OutOfTime(BaseException):
