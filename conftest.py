@@ -7,6 +7,7 @@ pytest_configure, before any test module imports torch's CUDA state or a kernel 
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 from hypothesis import settings
@@ -32,6 +33,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # A developer's warm server (repro serve) must not serve the tests: they start their own.
     os.environ[ENV_SERVER] = "off"
     os.environ.pop(ENV_ORACLE, None)  # oracles always raise in tests (repro detectors sets it)
+    # A shell without job control starts `cmd &` with SIGINT ignored, and an ignored signal stays
+    # ignored across exec: the interrupt tests' children would never see the SIGINT they are sent.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     devices.pin_xdist_worker(os.environ.get("PYTEST_XDIST_WORKER"))
     device = devices.resolve(config.getoption("--device"))
     if device == "cuda" and not devices.cuda_available():
