@@ -147,7 +147,7 @@ class BugRecord:
         return {s.name: found.get(s.name, "(no such function)") for s in self.scenarios}
 
 
-MUTANT_KINDS = ("boundary", "partial", "wrong_row", "ordering", "unused_state")
+MUTANT_KINDS = ("boundary", "partial", "wrong_row", "ordering", "unused_state")  # + external
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +156,7 @@ class Mutant:
     edit (`old` occurs exactly once in `file`, relative to the tree's root)."""
 
     name: str
-    part: Fix  # the fix part it breaks
+    part: Fix | None  # the fix part it breaks (None: a regression of your own, --catalogue)
     kind: str  # one of MUTANT_KINDS
     file: str
     old: str

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import device as devices
-from harness.fixes import UsageError
+from harness.fixes import UsageError, parse_fix
 from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED
 from harness.record import Mutant
 from harness.servers import ENV_SERVER, ROOT
@@ -57,6 +57,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--json", metavar="FILE", help="write the results as JSON")
     m.add_argument("--list", action="store_true", help="print the catalogue, run nothing")
     m.add_argument(
+        "--catalogue",
+        metavar="FILE",
+        help="regressions of your own (a JSON list, see the README) instead of the project's",
+    )
+    m.add_argument(
         "--fuzz",
         type=float,
         metavar="SECONDS",
@@ -66,6 +71,51 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def catalogue(bug_id: str) -> tuple[Mutant, ...]:
     return importlib.import_module(f"repro.{bug_id}.mutants").MUTANTS
+
+
+EXTERNAL_KEYS = {"bug", "name", "file", "old", "new", "why"}  # required; also devices, part
+
+
+def external(path: str) -> list[tuple[str, Mutant]]:
+    """Regressions kept outside the project (a JSON list of {bug, name, file, old, new, why},
+    optionally devices and part): each checked like a mutant of the catalogue, kind `external`.
+    Any malformed entry is a usage error naming it."""
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--catalogue {path}: {e}") from None
+    if not isinstance(entries, list):
+        raise UsageError(f"--catalogue {path}: not a JSON list")
+    chosen, names = [], set()
+    for i, entry in enumerate(entries):
+        where = f"--catalogue {path}: entry {i}"
+        if not isinstance(entry, dict) or EXTERNAL_KEYS - set(entry):
+            missing = sorted(EXTERNAL_KEYS - set(entry)) if isinstance(entry, dict) else "all"
+            raise UsageError(f"{where}: missing {missing}")
+        if not all(isinstance(entry[k], str) for k in EXTERNAL_KEYS):
+            raise UsageError(f"{where}: {sorted(EXTERNAL_KEYS)} must be strings")
+        bug = registry.get(entry["bug"])
+        if entry["name"] in names:
+            raise UsageError(f"{where}: the name {entry['name']!r} is used twice")
+        names.add(entry["name"])
+        devices_ = tuple(entry.get("devices", ("cpu", "cuda")))
+        if not devices_ or set(devices_) - {"cpu", "cuda"}:
+            raise UsageError(f"{where}: devices must be a non-empty list of cpu, cuda")
+        part = parse_fix(entry["part"]) if "part" in entry else None
+        if part is not None and part not in bug.fix_parts:
+            raise UsageError(f"{where}: {part.value} is not a part of {bug.id}")
+        mutant = Mutant(
+            entry["name"],
+            part,
+            "external",
+            entry["file"],
+            entry["old"],
+            entry["new"],
+            entry["why"],
+            devices_,
+        )
+        chosen.append((bug.id, mutant))
+    return chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +141,10 @@ class Cell:
 
 def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, Mutant]], list[str]]:
     bugs = [registry.get(b).id for b in args.bug] or [b.id for b in registry.BUGS]
-    chosen = [(b, m) for b in bugs for m in catalogue(b)]
+    if args.catalogue:
+        chosen = [(b, m) for b, m in external(args.catalogue) if b in bugs]
+    else:
+        chosen = [(b, m) for b in bugs for m in catalogue(b)]
     names = {m.name for _, m in chosen}
     for name in args.mutant:
         if name not in names:
@@ -119,7 +172,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         rows = [("bug", "mutant", "part", "kind", "devices", "why")]
         for bug, m in chosen:
             why = m.why + (f" [equivalent: {m.equivalent}]" if m.equivalent else "")
-            rows.append((bug, m.name, m.part.value, m.kind, ",".join(m.devices), why))
+            rows.append((bug, m.name, _part(m), m.kind, ",".join(m.devices), why))
         print_table(rows)
         return 0
     runnable = []
@@ -300,7 +353,7 @@ def _report(cells: list[Cell], devices_: list[str]) -> None:
         if fuzzed:
             verdicts += [(per[d].fuzz or "-") if d in per else "-" for d in devices_]
         kind = m.kind + (" (equivalent)" if m.equivalent else "")
-        rows.append((bug, name, m.part.value, kind, *verdicts))
+        rows.append((bug, name, _part(m), kind, *verdicts))
     print()
     print_table(rows)
     for d in devices_:
@@ -327,11 +380,15 @@ def _report(cells: list[Cell], devices_: list[str]) -> None:
         print(f"\nHOLE {c.bug} {c.mutant.name} [{c.device}]: {c.verdict}\n    {tail}")
 
 
+def _part(m: Mutant) -> str:
+    return m.part.value if m.part else "-"
+
+
 def _cell_json(c: Cell) -> dict:
     return {
         "bug": c.bug,
         "mutant": c.mutant.name,
-        "part": c.mutant.part.value,
+        "part": _part(c.mutant),
         "kind": c.mutant.kind,
         "device": c.device,
         "verdict": c.verdict,

@@ -5,6 +5,8 @@ registered part of its bug, and every fix part has at least five scored mutants.
 from __future__ import annotations
 
 import collections
+import json
+import subprocess
 
 import pytest
 
@@ -12,6 +14,7 @@ from harness.isolate import ROOT
 from harness.record import MUTANT_KINDS
 from repro import registry
 from repro.mutants import catalogue
+from tests import procs
 
 CASES = [(bug.id, m) for bug in registry.BUGS for m in catalogue(bug.id)]
 
@@ -28,3 +31,68 @@ def test_every_fix_part_has_five_scored_mutants(bug) -> None:
     scored = collections.Counter(m.part for m in catalogue(bug) if not m.equivalent)
     thin = {p.value: scored[p] for p in registry.get(bug).fix_parts if scored[p] < 5}
     assert not thin, f"{bug}: fewer than five scored mutants: {thin}"
+
+
+def _catalogue(tmp_path, entries) -> str:
+    path = tmp_path / "mine.json"
+    path.write_text(entries if isinstance(entries, str) else json.dumps(entries))
+    return str(path)
+
+
+REAL = {
+    "bug": "block_table_wake",
+    "name": "wake_reinit_skipped",
+    "file": "harness/runner/model_runner.py",
+    "old": "        if Fix.BLOCK_TABLE_REINIT_ON_WAKE in self.fixes:",
+    "new": "        if Fix.BLOCK_TABLE_REINIT_ON_WAKE not in self.fixes:",
+    "why": "the layout tensors are rebuilt only when the fix is off",
+}
+INERT = {**REAL, "name": "comment_only", "old": "Called by the worker", "new": "Called by it"}
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ("[", "--catalogue"),
+        ({"bug": "x"}, "not a JSON list"),
+        ([{"bug": "block_table_wake"}], "entry 0: missing ['file', 'name', 'new', 'old', 'why']"),
+        ([{**REAL, "bug": "nope"}], "unknown bug id 'nope'"),
+        ([REAL, REAL], "the name 'wake_reinit_skipped' is used twice"),
+        ([{**REAL, "devices": ["tpu"]}], "devices must be a non-empty list of cpu, cuda"),
+        ([{**REAL, "part": "capture_prewarm"}], "capture_prewarm is not a part of"),
+        ([{**REAL, "old": 3}], "must be strings"),
+    ],
+)
+def test_a_bad_catalogue_of_your_own_is_a_usage_error(tmp_path, entries, message) -> None:
+    done = subprocess.run(
+        procs.repro_command("mutants", "--catalogue", _catalogue(tmp_path, entries), "--list"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_a_catalogue_of_your_own_is_scored_like_the_projects(tmp_path) -> None:
+    """A regression of your own is killed, an inert edit survives (a hole: exit 1), each named."""
+    out = tmp_path / "cells.json"
+    done = subprocess.run(
+        procs.repro_command(
+            "mutants",
+            "--catalogue",
+            _catalogue(tmp_path, [REAL, INERT]),
+            "--device",
+            "cpu",
+            "--json",
+            str(out),
+        ),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    verdicts = {c["mutant"]: (c["verdict"], c["kind"]) for c in json.loads(out.read_text())}
+    assert verdicts == {
+        "wake_reinit_skipped": ("killed", "external"),
+        "comment_only": ("survived", "external"),
+    }, done.stdout
+    assert done.returncode == 1 and "HOLE block_table_wake comment_only" in done.stdout
