@@ -57,6 +57,25 @@ RECORD = BugRecord(
                 wakes=WAKES,
             ),
         ),
+        Scenario(
+            "piecewise_replay_after_wake",
+            (
+                Expect(
+                    frozenset({REINIT}),
+                    ILLEGAL,
+                    why="nothing refreshes the layout tensors: block_table_wake itself",
+                ),
+                Expect(frozenset({REFRESH}), ILLEGAL),
+            ),
+            timeout_s=240.0,
+            axes=Axes(
+                graph_modes=("PIECEWISE",),
+                capture_sizes=(4, 16),
+                steps_per_size=2,
+                sleep_levels=(1, 2),
+                wakes=WAKES,  # level 1 at once, level 2 staged
+            ),
+        ),
     ),
     package=__name__,
     anchors=(

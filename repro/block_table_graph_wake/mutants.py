@@ -64,4 +64,15 @@ MUTANTS = (
         "getattr(self, name).data = self.pools.tensor(TAG, values, dtype)",
         "the same tensor objects get new storages (`.data =`): graphs keep the old addresses",
     ),
+    Mutant(
+        "piecewise_rebuilds_layout",
+        REFRESH,
+        "partial",
+        "harness/runner/model_runner.py",
+        "                in_place=Fix.BLOCK_TABLE_REFRESH_IN_PLACE in self.fixes\n",
+        "                in_place=Fix.BLOCK_TABLE_REFRESH_IN_PLACE in self.fixes\n"
+        "                and self.config.cudagraph_mode != CUDAGraphMode.PIECEWISE\n",
+        "a PIECEWISE runner is taken as graph-free (attention is eager) and rebuilds the layout "
+        "tensors, but its pieces gather the tables (found by an independent regression)",
+    ),
 )
