@@ -69,4 +69,26 @@ MUTANTS = (
         "the dummy mapping is marked decode",
         equivalent="is_prefill selects nothing in this runner's LoRA plumbing",
     ),
+    Mutant(
+        "dummy_mapping_sized_for_capture",
+        PART,
+        "boundary",
+        RUNNER,
+        "            self._set_dummy_lora_state(num_tokens, num_reqs)\n",
+        "            self._capture_lora_state(None)\n",
+        "a dummy run takes the capture hook's state, sized for the largest capture size: a "
+        "profile run of max_num_tokens reads the rest unset (found by an independent regression)",
+    ),
+    Mutant(
+        "dummy_mapping_needs_an_adapter",
+        PART,
+        "partial",
+        RUNNER,
+        "        adapter_manager = self.lora_manager._adapter_manager\n",
+        "        adapter_manager = self.lora_manager._adapter_manager\n"
+        "        if all(i is None for i in adapter_manager.lora_index_to_id):\n"
+        "            return\n",
+        "the dummy mapping is skipped while no adapter is loaded, as at a startup profile run "
+        "(found by an independent regression)",
+    ),
 )

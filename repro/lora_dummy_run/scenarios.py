@@ -71,24 +71,24 @@ def check_batches(runner: ModelRunner) -> list[str | None]:
 
 
 def dummy_run_before_mapping(ctx: Context) -> str:
-    """A profile-style dummy run with LoRA enabled before any real LoRA mapping.
+    """Profile-style dummy runs with LoRA enabled before any real LoRA mapping: the first at
+    startup, before any adapter is loaded, of max_num_tokens (32: longer than the largest
+    capture size, 16), the second of 8 tokens once two adapters are loaded.
 
-    Fixed: the run completes, its hidden states and logits equal the base model's (dummy
+    Fixed: both runs complete, their hidden states and logits equal the base model's (dummy
     token 0, nothing cached), every wrapper's token and prompt metas hold slot -1 for every
     token and request of the dummy batch (active_lora_ids all -1), and no_lora_flag_cpu is
     set (cleared again, with num_active_loras_cpu = 1, where lora_capture_launch is on).
     Buggy: the LoRA embedding gathers with poisoned offsets: device-side assert on the GPU;
-    torch's CPU gather raises IndexError("index out of range in self"), the same check.
+    torch's CPU gather raises IndexError("index out of range in self"), the same check. A
+    mapping skipped while no adapter is loaded, or sized for the capture sizes rather than
+    the dummy batch, leaves the same poisoned offsets (the first run shows both).
     """
-    runner = lora_runner(ctx)
-    out = runner.execute_model(dummy_run=True, num_tokens=DUMMY_TOKENS, num_reqs=DUMMY_REQS)
-    lengths = dummy_lengths(DUMMY_TOKENS, DUMMY_REQS)
-    requests = [Request(f"dummy{r}", (0,) * n) for r, n in enumerate(lengths)]
-    hidden, logits = step_reference(runner, requests, dummy=True)
-    problems = [
-        close("dummy-run hidden states vs base model", out.hidden_states, hidden),
-        close("dummy-run logits vs base model", out.logits, logits),
-    ]
+    runner = ModelRunner(RunnerConfig(ctx.device, ctx.fixes))
+    problems = _dummy_matches_base(runner, runner.config.max_num_tokens, DUMMY_REQS, "no adapter")
+    runner.add_lora(1, seed=ctx.seed + 11)
+    runner.add_lora(2, seed=ctx.seed + 12)
+    problems += _dummy_matches_base(runner, DUMMY_TOKENS, DUMMY_REQS, "adapters 1 and 2")
     launch_anyway = Fix.LORA_CAPTURE_LAUNCH in ctx.fixes
     for i, wrapper in enumerate(runner.lora_manager._adapter_manager.distinct_wrappers()):
         for name, rows in (
@@ -107,7 +107,21 @@ def dummy_run_before_mapping(ctx: Context) -> str:
                     f"wrapper {i} {name}: no_lora_flag_cpu={flag}, num_active_loras_cpu={active}"
                 )
     expect_all(problems)
-    return f"dummy run of {DUMMY_TOKENS} tokens equals the base model; LoRA ids all -1"
+    first = runner.config.max_num_tokens
+    return f"dummy runs of {first} and {DUMMY_TOKENS} tokens equal the base model; LoRA ids -1"
+
+
+def _dummy_matches_base(runner: ModelRunner, tokens: int, reqs: int, label: str) -> list:
+    out = runner.execute_model(dummy_run=True, num_tokens=tokens, num_reqs=reqs)
+    lengths = dummy_lengths(tokens, reqs)
+    requests = [Request(f"dummy{r}", (0,) * n) for r, n in enumerate(lengths)]
+    hidden, logits = step_reference(runner, requests, dummy=True)
+    return [
+        close(
+            f"{label}: {tokens}-token dummy-run hidden states vs base", out.hidden_states, hidden
+        ),
+        close(f"{label}: {tokens}-token dummy-run logits vs base model", out.logits, logits),
+    ]
 
 
 def capture_and_check(ctx: Context, before: Callable[[ModelRunner], object], **config) -> str:
