@@ -39,7 +39,8 @@ class Expect:
 
 
 GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
-WAKES = ("all at once", "staged")  # wake_up() / wake_up([weights]) then wake_up([kv_cache])
+# wake_up() / wake_up([weights]) then wake_up([kv_cache]) / the KV cache first, then weights
+WAKES = ("all at once", "staged", "staged, kv_cache first")
 ADAPTER_STATES = ("enabled", "disabled", "absent", "evicted")  # disabled: no expert weights
 
 

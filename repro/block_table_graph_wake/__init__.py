@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import WAKES, Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Scenario
 
 REFRESH = Fix.BLOCK_TABLE_REFRESH_IN_PLACE
 REINIT = Fix.BLOCK_TABLE_REINIT_ON_WAKE  # block_table_wake's part: this one refines it
@@ -54,7 +54,7 @@ RECORD = BugRecord(
                 capture_sizes=(4, 16),
                 steps_per_size=2,
                 sleep_levels=(1, 2),
-                wakes=WAKES,
+                wakes=("all at once", "staged"),
             ),
         ),
         Scenario(
@@ -73,7 +73,7 @@ RECORD = BugRecord(
                 capture_sizes=(4, 16),
                 steps_per_size=2,
                 sleep_levels=(1, 2),
-                wakes=WAKES,  # level 1 at once, level 2 staged
+                wakes=("all at once", "staged"),  # level 1 at once, level 2 staged
             ),
         ),
     ),

@@ -73,4 +73,25 @@ MUTANTS = (
         *_rebuilt_once("block_sizes_tensor"),
         "the rebuild forgets the block-size tensor",
     ),
+    Mutant(
+        "refresh_needs_live_blocks",
+        Fix.BLOCK_TABLE_REINIT_ON_WAKE,
+        "partial",
+        "harness/runner/worker.py",
+        "            self.model_runner.post_kv_cache_wake_up()\n",
+        "            if self.model_runner.kv_cache.blocks:\n"
+        "                self.model_runner.post_kv_cache_wake_up()\n",
+        "the refresh is skipped while no request holds blocks: an engine slept before serving "
+        "keeps garbage layout tensors (found by an independent regression)",
+    ),
+    Mutant(
+        "tables_in_weights_pool",
+        Fix.BLOCK_TABLE_REINIT_ON_WAKE,
+        "ordering",
+        "harness/runner/block_table.py",
+        'TAG = "kv_cache"\n',
+        'TAG = "weights"\n',
+        "the block tables move to the weights pool: a wake of the KV cache before the weights "
+        "refreshes them inside sleeping memory (found by an independent regression)",
+    ),
 )

@@ -48,6 +48,17 @@ RECORD = BugRecord(
             axes=Axes(graph_modes=("PIECEWISE",), capture_sizes=(4, 8), steps_per_size=2),
         ),
         Scenario(
+            "lora_case_decode_graphs",
+            (Expect(frozenset({Fix.FRESH_ATTN_STATE_FOR_CAPTURE}), WRONG),),
+            timeout_s=300.0,
+            axes=Axes(
+                graph_modes=("FULL_AND_PIECEWISE",),
+                capture_sizes=(4,),
+                steps_per_size=3,
+                adapters=("enabled", "absent"),
+            ),
+        ),
+        Scenario(
             "captured_state_consumer",
             (Expect(frozenset({Fix.FRESH_ATTN_STATE_FOR_CAPTURE}), WRONG),),
             timeout_s=300.0,

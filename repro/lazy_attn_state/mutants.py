@@ -93,4 +93,15 @@ MUTANTS = (
         "attn.uniform_decode = batch.uniform_decode",
         "a PIECEWISE replay's eager attention keeps the plan of the graph's previous replay",
     ),
+    Mutant(
+        "fresh_state_first_lora_case_only",
+        PART,
+        "partial",
+        GRAPHS,
+        "                and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes\n",
+        "                and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes\n"
+        "                and (desc.num_active_loras or 1) == 1\n",
+        "a fresh state for the first LoRA capture case only: the other cases' FULL graphs are "
+        "captured on the warm-up state (found by an independent regression)",
+    ),
 )

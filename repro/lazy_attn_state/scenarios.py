@@ -18,27 +18,30 @@ from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig
 STEPS = ([5, 17, 1], [33, 2, 9, 12, 40, 3, 8], [29, 6, 44])
 
 
-def decode_runner(ctx: Context, mode: CUDAGraphMode, draft: bool = False) -> ModelRunner:
+def decode_runner(ctx: Context, mode: CUDAGraphMode, draft: bool = False, **config) -> ModelRunner:
+    settings = {"cudagraph_sizes": (4, 8), "enable_lora": False, **config}
     runner = ModelRunner(
         RunnerConfig(
             ctx.device,
             ctx.fixes,
             cudagraph_mode=mode,
-            cudagraph_sizes=(4, 8),
-            enable_lora=False,
             decode_backend="flashmla",
             draft_attention=draft,
             max_model_len=48,
+            **settings,
         )
     )
     runner.kv_cache.fill_random(ctx.seed + 7)
     return runner
 
 
-def _decode(runner: ModelRunner, ctx: Context, step: int, lens: list[int]):
-    """One decode step replayed and run eagerly: (requests, replay, eager)."""
+def _decode(runner: ModelRunner, ctx: Context, step: int, lens: list[int], loras=()):
+    """One decode step replayed and run eagerly: (requests, replay, eager). `loras`: each
+    request's adapter (default: the base model)."""
+    loras = loras or [0] * len(lens)
     requests = [
-        Request(f"r{r}", ((ctx.seed + 3 * step + r) % 64,), 0, n - 1) for r, n in enumerate(lens)
+        Request(f"r{r}", ((ctx.seed + 3 * step + r) % 64,), lora, n - 1)
+        for r, (n, lora) in enumerate(zip(lens, loras, strict=True))
     ]
     out = runner.execute_model(requests)
     replay = ModelOutput(
@@ -50,13 +53,17 @@ def _decode(runner: ModelRunner, ctx: Context, step: int, lens: list[int]):
     return requests, replay, runner.execute_model(requests, use_cudagraph=False)
 
 
-def decode_steps(ctx: Context, mode: CUDAGraphMode) -> str:
-    runner = decode_runner(ctx, mode)
+def decode_steps(ctx: Context, mode: CUDAGraphMode, runner=None, steps=STEPS, loras=()) -> str:
+    runner = runner or decode_runner(ctx, mode)
     runner.capture_model()
     problems, graphs = [], []
-    for step, lens in enumerate(STEPS):
-        requests, replay, eager = _decode(runner, ctx, step, lens)
-        graphs.append(f"{replay.desc.cg_mode.value} {replay.desc.num_tokens}")
+    for step, lens in enumerate(steps):
+        requests, replay, eager = _decode(runner, ctx, step, lens, loras[step] if loras else ())
+        case = replay.desc.num_active_loras
+        graphs.append(
+            f"{replay.desc.cg_mode.value} {replay.desc.num_tokens}"
+            + (f" lora case {case}" if case else "")
+        )
         reference = step_reference(runner, requests)
         problems += step_problems(f"lengths {lens} ({graphs[-1]})", eager, reference, replay)
     if any(problems):
@@ -67,7 +74,7 @@ def decode_steps(ctx: Context, mode: CUDAGraphMode) -> str:
         }
         problems.append(f"captured decode graphs: {launches}")
     expect_all(problems)
-    return f"{len(STEPS)} decode steps ({', '.join(graphs)}): replay == eager ~ reference"
+    return f"{len(steps)} decode steps ({', '.join(graphs)}): replay == eager ~ reference"
 
 
 def full_decode_graphs(ctx: Context) -> str:
@@ -82,6 +89,33 @@ def full_decode_graphs(ctx: Context) -> str:
     wrong result in every FULL size.
     """
     return decode_steps(ctx, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+
+# Decode steps of 3 requests (the 4-token graph) in each LoRA capture case: two adapters and
+# the base model (case 3), the base model alone (case 1), one adapter (case 2).
+LORA_STEPS = ([5, 17, 1], [29, 6, 44], [11, 3, 20])
+LORA_OF_STEP = ([1, 0, 2], [0, 0, 0], [2, 2, 0])
+
+
+def lora_case_decode_graphs(ctx: Context) -> str:
+    """FULL_AND_PIECEWISE capture with LoRA specialised by active-adapter count (upstream's
+    per-count capture cases, #35536): a FULL decode graph of 4 requests per case (1, 2, 3),
+    then decode steps in every case, with lengths unlike the warm-up's.
+
+    Each step: replay vs eager vs the float64 reference. Fixed: every FULL graph of every
+    LoRA case is captured on a fresh attention state, with its planner. Buggy: they share the
+    warm-up's state: wrong result. A fresh state made for the first LoRA case only fails too.
+    """
+    runner = decode_runner(
+        ctx,
+        CUDAGraphMode.FULL_AND_PIECEWISE,
+        cudagraph_sizes=(4,),
+        enable_lora=True,
+        specialize_active_lora=True,
+    )
+    runner.add_lora(1, seed=ctx.seed + 11)
+    runner.add_lora(2, seed=ctx.seed + 12)
+    return decode_steps(ctx, CUDAGraphMode.FULL_AND_PIECEWISE, runner, LORA_STEPS, LORA_OF_STEP)
 
 
 def piecewise_decode(ctx: Context) -> str:

@@ -40,7 +40,7 @@ RECORD = BugRecord(
         Scenario(
             "dummy_run_before_mapping",
             (Expect(frozenset({Fix.LORA_DUMMY_MAPPING}), ASSERT),),
-            axes=Axes(graph_modes=("NONE",), adapters=("enabled",)),
+            axes=Axes(graph_modes=("NONE",), adapters=("absent", "enabled")),
         ),
         *(
             Scenario(

@@ -91,4 +91,16 @@ MUTANTS = (
         "the dummy mapping is skipped while no adapter is loaded, as at a startup profile run "
         "(found by an independent regression)",
     ),
+    Mutant(
+        "dummy_mapping_for_graphs_only",
+        PART,
+        "partial",
+        RUNNER,
+        "        adapter_manager = self.lora_manager._adapter_manager\n",
+        "        if self.config.cudagraph_mode == CUDAGraphMode.NONE:\n"
+        "            return\n"
+        "        adapter_manager = self.lora_manager._adapter_manager\n",
+        "the dummy mapping is taken for a capture concern and skipped on an eager runner, whose "
+        "profile run gathers garbage (found by an independent regression)",
+    ),
 )

@@ -71,7 +71,8 @@ def check_batches(runner: ModelRunner) -> list[str | None]:
 
 
 def dummy_run_before_mapping(ctx: Context) -> str:
-    """Profile-style dummy runs with LoRA enabled before any real LoRA mapping: the first at
+    """Profile-style dummy runs with LoRA enabled before any real LoRA mapping, on an eager
+    runner (graph mode NONE: the dummy mapping is no capture concern): the first at
     startup, before any adapter is loaded, of max_num_tokens (32: longer than the largest
     capture size, 16), the second of 8 tokens once two adapters are loaded.
 
@@ -84,7 +85,7 @@ def dummy_run_before_mapping(ctx: Context) -> str:
     mapping skipped while no adapter is loaded, or sized for the capture sizes rather than
     the dummy batch, leaves the same poisoned offsets (the first run shows both).
     """
-    runner = ModelRunner(RunnerConfig(ctx.device, ctx.fixes))
+    runner = ModelRunner(RunnerConfig(ctx.device, ctx.fixes, cudagraph_mode=CUDAGraphMode.NONE))
     problems = _dummy_matches_base(runner, runner.config.max_num_tokens, DUMMY_REQS, "no adapter")
     runner.add_lora(1, seed=ctx.seed + 11)
     runner.add_lora(2, seed=ctx.seed + 12)
