@@ -141,10 +141,13 @@ def _launch(a, w, out, align, slots, row_div, scale, block_size, fixes: Consumer
     assert a.shape[1] == k, (a.shape, w.shape)
     assert sorted_token_ids.shape[0] == expert_ids.shape[0] == max_loras
     assert lora_ids.shape == (max_loras + 1,), lora_ids.shape
-    assert block_size >= 16 and k >= 16 and n >= 16, "tl.dot needs blocks of at least 16"
+    if block_size < 16:  # NOTE: the align outputs' block is the dot's M, as upstream's
+        raise ValueError(f"block_size = {block_size}: tl.dot needs M >= 16; cannot serve")
     require_power_of_two(block_size=block_size)
     m_blocks = expert_ids.shape[1]
-    block_n = min(triton.next_power_of_2(n), 64)
+    # NOTE: tl.dot needs N and K blocks >= 16: a rank below 16 (N of the shrink, K of the
+    # expand) gets a block of 16 whose columns past it are masked (loaded as 0, never stored)
+    block_n = max(16, min(triton.next_power_of_2(n), 64))
     _fused_moe_lora_kernel[(m_blocks, triton.cdiv(n, block_n), slots)](
         a,
         w,
@@ -168,7 +171,7 @@ def _launch(a, w, out, align, slots, row_div, scale, block_size, fixes: Consumer
         ID_GUARD=fixes.id_guard,
         BLOCK_M=block_size,
         BLOCK_N=block_n,
-        BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)),
+        BLOCK_K=max(16, min(BLOCK_K, triton.next_power_of_2(k))),
     )
 
 

@@ -3,6 +3,10 @@
 KV cache of one group: [num_blocks, block_size, num_heads, head_dim]; token t's K/V go to slot
 slot_mapping[t] = block_number * block_size + offset. A query at position p of batch row b
 attends to positions 0..p of that row, found through the row's block table.
+
+Any head size is served, as upstream's Triton kernels serve it: a tl.arange extent must be a
+power of two, so the kernels range over DIM_PAD = next_power_of_2(head_dim) (the cache write over
+the next power of two of num_heads * head_dim) and mask the columns past the real extent.
 """
 
 from __future__ import annotations
@@ -10,8 +14,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels import require_power_of_two
 
 BLOCK_P = 32
 
@@ -53,9 +55,16 @@ def reshape_and_cache(
 ) -> None:
     num_tokens, heads, dim = key.shape
     assert k_cache.shape[2:] == (heads, dim) and k_cache.is_contiguous() and key.is_contiguous()
-    require_power_of_two(**{"num_heads * head_dim": heads * dim})
+    width = heads * dim
     _reshape_and_cache_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, WIDTH=heads * dim, num_warps=num_warps
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        WIDTH=width,
+        WIDTH_PAD=triton.next_power_of_2(width),
+        num_warps=num_warps,
     )
 
 
@@ -72,7 +81,6 @@ def paged_attention(
 ) -> None:
     num_tokens, heads, dim = query.shape
     assert query.is_contiguous() and out.is_contiguous() and block_table.is_contiguous()
-    require_power_of_two(head_dim=dim)
     _paged_attention_kernel[(num_tokens, heads)](
         query,
         k_cache,
@@ -86,6 +94,7 @@ def paged_attention(
         k_cache.shape[1],
         HEADS=heads,
         DIM=dim,
+        DIM_PAD=triton.next_power_of_2(dim),
         MAX_MODEL_LEN=max_model_len,
         BLOCK_P=BLOCK_P,
     )
@@ -93,15 +102,24 @@ def paged_attention(
 
 @triton.jit
 def _reshape_and_cache_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, WIDTH: tl.constexpr
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    WIDTH: tl.constexpr,
+    WIDTH_PAD: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + t)
-    cols = tl.arange(0, WIDTH)
-    keep = cols < tl.where(slot >= 0, WIDTH, 0)  # NOTE: slot -1 is a padding token
+    cols = tl.arange(0, WIDTH_PAD)
+    # NOTE: slot -1 is a padding token; columns from WIDTH on pad the block to a power of two
+    keep = cols < tl.where(slot >= 0, WIDTH, 0)
     slot = tl.maximum(slot, 0)
-    tl.store(k_cache_ptr + slot * WIDTH + cols, tl.load(key_ptr + t * WIDTH + cols), mask=keep)
-    tl.store(v_cache_ptr + slot * WIDTH + cols, tl.load(value_ptr + t * WIDTH + cols), mask=keep)
+    key = tl.load(key_ptr + t * WIDTH + cols, mask=keep)
+    value = tl.load(value_ptr + t * WIDTH + cols, mask=keep)
+    tl.store(k_cache_ptr + slot * WIDTH + cols, key, mask=keep)
+    tl.store(v_cache_ptr + slot * WIDTH + cols, value, mask=keep)
 
 
 @triton.jit
@@ -117,29 +135,33 @@ def attend_positions(
     block_size,
     HEADS: tl.constexpr,
     DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    """Online softmax of q (one head) over positions [lo, hi) of one block-table row.
+    """Online softmax of q (one head, [DIM_PAD], zero past DIM) over positions [lo, hi) of one
+    block-table row.
 
-    Returns (running max, denominator, unnormalized output); denominator 0: no live position.
+    Returns (running max, denominator, unnormalized output [DIM_PAD], zero past DIM);
+    denominator 0: no live position.
     """
-    dims = tl.arange(0, DIM)
+    dims = tl.arange(0, DIM_PAD)
+    in_head = dims < DIM
     m = tl.full([], float("-inf"), tl.float32)
     denom = tl.zeros([], tl.float32)
-    acc = tl.zeros([DIM], tl.float32)
+    acc = tl.zeros([DIM_PAD], tl.float32)
     for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
         ps = p0 + tl.arange(0, BLOCK_P)
         live = (ps >= lo) & (ps < hi)
         block = tl.load(table_row_ptr + ps // block_size, mask=live, other=0).to(tl.int64)
         kv = ((block * block_size + ps % block_size)[:, None] * HEADS + h) * DIM + dims[None, :]
-        k = tl.load(k_cache_ptr + kv, mask=live[:, None], other=0.0)
+        k = tl.load(k_cache_ptr + kv, mask=live[:, None] & in_head[None, :], other=0.0)
         scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=0))
         safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
         correction = tl.exp(m - safe)
         weights = tl.exp(scores - safe)
-        v = tl.load(v_cache_ptr + kv, mask=live[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv, mask=live[:, None] & in_head[None, :], other=0.0)
         acc = acc * correction + tl.sum(weights[:, None] * v, axis=0)
         denom = denom * correction + tl.sum(weights, axis=0)
         m = m_new
@@ -160,14 +182,16 @@ def _paged_attention_kernel(
     block_size,
     HEADS: tl.constexpr,
     DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
     """One (token, head): attention over the token's row, positions 0..pos."""
     t, h = tl.program_id(0), tl.program_id(1)
     row = tl.load(token_rows_ptr + t).to(tl.int64)
-    dims = tl.arange(0, DIM)
-    q = tl.load(q_ptr + (t * HEADS + h) * DIM + dims)
+    dims = tl.arange(0, DIM_PAD)
+    in_head = dims < DIM
+    q = tl.load(q_ptr + (t * HEADS + h) * DIM + dims, mask=in_head, other=0.0)
     _, denom, acc = attend_positions(
         q,
         k_cache_ptr,
@@ -180,7 +204,8 @@ def _paged_attention_kernel(
         block_size,
         HEADS,
         DIM,
+        DIM_PAD,
         MAX_MODEL_LEN,
         BLOCK_P,
     )
-    tl.store(out_ptr + (t * HEADS + h) * DIM + dims, acc / denom)
+    tl.store(out_ptr + (t * HEADS + h) * DIM + dims, acc / denom, mask=in_head)

@@ -6,7 +6,9 @@ into NUM_PARTS contiguous chunks; per part it writes
 and per request num_splits[r] = the number of parts covering it. The split kernel computes,
 per (part, head), a partial output and log-sum-exp for each request it covers; the combine
 kernel merges, per request, the partials of the parts the plan says cover it. A plan is valid
-only for the lengths it was made from: nothing checks that (upstream's contract).
+only for the lengths it was made from: nothing checks that (upstream's contract). Any head size
+is served: the kernels range over DIM_PAD = next_power_of_2(dim) and mask the rest
+(paged_attention.py).
 """
 
 from __future__ import annotations
@@ -88,7 +90,6 @@ def split_kv_attention(
 ) -> None:
     num_reqs, heads, dim = query.shape
     num_parts = tile_scheduler_metadata.shape[0]
-    require_power_of_two(head_dim=dim)
     assert partial_out.shape == (num_parts, num_reqs, heads, dim), partial_out.shape
     _split_kv_kernel[(num_parts, heads)](
         query,
@@ -105,6 +106,7 @@ def split_kv_attention(
         NUM_REQS=num_reqs,
         HEADS=heads,
         DIM=dim,
+        DIM_PAD=triton.next_power_of_2(dim),
         MAX_MODEL_LEN=max_model_len,
         BLOCK_P=BLOCK_P,
     )
@@ -119,7 +121,7 @@ def combine_splits(
     """out [num_reqs, heads, dim] = the log-sum-exp merge of the partials of the parts the
     plan gives each request."""
     num_parts, num_reqs, heads, dim = partial_out.shape
-    require_power_of_two(num_parts=num_parts, head_dim=dim)
+    require_power_of_two(num_parts=num_parts)
     _combine_kernel[(num_reqs, heads)](
         partial_out,
         partial_lse,
@@ -129,6 +131,7 @@ def combine_splits(
         NUM_REQS=num_reqs,
         HEADS=heads,
         DIM=dim,
+        DIM_PAD=triton.next_power_of_2(dim),
     )
 
 
@@ -185,6 +188,7 @@ def _split_kv_kernel(
     NUM_REQS: tl.constexpr,
     HEADS: tl.constexpr,
     DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
@@ -194,14 +198,15 @@ def _split_kv_kernel(
     part, h = tl.program_id(0), tl.program_id(1)
     first, first_pos = tl.load(meta_ptr + part * 4), tl.load(meta_ptr + part * 4 + 1)
     last, last_end = tl.load(meta_ptr + part * 4 + 2), tl.load(meta_ptr + part * 4 + 3)
-    dims = tl.arange(0, DIM)
+    dims = tl.arange(0, DIM_PAD)
+    in_head = dims < DIM
     for i in range(NUM_REQS):  # at most every request
         r = first.to(tl.int64) + i  # NOTE: a plan never computed sends r far out of bounds
         if (first >= 0) & (r <= last):
             slot = (part * NUM_REQS + r) * HEADS + h
             lo = tl.where(r == first, first_pos, 0)
             hi = tl.where(r == last, last_end, tl.load(seq_lens_ptr + r))
-            q = tl.load(q_ptr + (r * HEADS + h) * DIM + dims)
+            q = tl.load(q_ptr + (r * HEADS + h) * DIM + dims, mask=in_head, other=0.0)
             m, denom, acc = attend_positions(
                 q,
                 k_cache_ptr,
@@ -214,13 +219,14 @@ def _split_kv_kernel(
                 block_size,
                 HEADS,
                 DIM,
+                DIM_PAD,
                 MAX_MODEL_LEN,
                 BLOCK_P,
             )
             has_keys = denom > 0
             lse = tl.where(has_keys, m + tl.log(tl.where(has_keys, denom, 1.0)), float("-inf"))
             out = tl.where(has_keys, acc / tl.where(has_keys, denom, 1.0), 0.0)
-            tl.store(out_ptr + slot * DIM + dims, out)
+            tl.store(out_ptr + slot * DIM + dims, out, mask=in_head)
             tl.store(lse_ptr + slot, lse)
 
 
@@ -234,9 +240,11 @@ def _combine_kernel(
     NUM_REQS: tl.constexpr,
     HEADS: tl.constexpr,
     DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
 ):
     r, h = tl.program_id(0), tl.program_id(1)
-    dims = tl.arange(0, DIM)
+    dims = tl.arange(0, DIM_PAD)
+    in_head = dims < DIM
     parts = tl.arange(0, NUM_PARTS)
     first, last = tl.load(meta_ptr + parts * 4), tl.load(meta_ptr + parts * 4 + 2)
     covers = (first >= 0) & (first <= r) & (r <= last)  # the parts the plan gave request r
@@ -245,8 +253,8 @@ def _combine_kernel(
     weights = tl.exp(lse - m)  # NaN when no part covered this request (a stale plan)
     partial = tl.load(
         out_ptr_partial + ((parts * NUM_REQS + r) * HEADS + h)[:, None] * DIM + dims[None, :],
-        mask=covers[:, None],
+        mask=covers[:, None] & in_head[None, :],
         other=0.0,
     )
     out = tl.sum(weights[:, None] * partial, axis=0) / tl.sum(weights, axis=0)
-    tl.store(out_ptr + (r * HEADS + h) * DIM + dims, out)
+    tl.store(out_ptr + (r * HEADS + h) * DIM + dims, out, mask=in_head)

@@ -20,8 +20,17 @@ CASES = [
     (7, 2, 8, 16, 200, [], 16),
     (29, 3, 5, 32, 131, [1], 16),
     (3, 1, 4, 16, 64, [0], 16),
+    # ranks below tl.dot's 16 (upstream serves 1..256; test_punica_ops runs 1, 4, 8, ...): the
+    # rank's block is padded to 16 and masked, in the shrink's N and the expand's K
+    (11, 2, 8, 1, 40, [], 16),
+    (13, 2, 5, 4, 72, [1], 16),
+    (17, 3, 8, 8, 131, [], 32),
+    (9, 2, 4, 64, 48, [], 16),
     # realistic sizes (hidden 4096, 64 experts, top-k 6): a GPU only
+    pytest.param(48, 6, 64, 4, 4096, [], 16, marks=pytest.mark.gpu),
+    pytest.param(48, 6, 64, 8, 4096, [], 16, marks=pytest.mark.gpu),
     pytest.param(48, 6, 64, 16, 4096, [], 16, marks=pytest.mark.gpu),
+    pytest.param(48, 6, 64, 32, 4096, [], 16, marks=pytest.mark.gpu),
     pytest.param(48, 6, 64, 64, 4096, [], 64, marks=pytest.mark.gpu),
 ]
 

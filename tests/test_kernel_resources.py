@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness.isolate import ROOT
-from kernels.paged_attention import reshape_and_cache
+from kernels.fused_moe_lora import fused_moe_lora_shrink
 from kernels.split_kv_attention import plan_schedule
 
 OLD_TILE = """
@@ -65,11 +65,15 @@ def test_the_check_sees_the_tile_the_h100_refused(cpu_only) -> None:
 
 
 def test_launchers_refuse_sizes_their_kernels_cannot_serve(device) -> None:
-    heads_12 = torch.zeros(4, 12, 128, device=device)  # 1536 columns: no power of two
-    cache = torch.zeros(2, 4, 12, 128, device=device)
-    slots = torch.zeros(4, dtype=torch.int64, device=device)
-    with pytest.raises(ValueError, match="num_heads \\* head_dim = 1536: must be a power of two"):
-        reshape_and_cache(heads_12, heads_12, cache, cache, slots)
+    """Head sizes and LoRA ranks are all served (their blocks padded and masked); refused: a
+    split-KV part count that is no power of two, a MoE-LoRA align block below tl.dot's 16."""
     i32 = dict(dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="num_parts = 6"):
         plan_schedule(torch.ones(4, **i32), torch.empty(6, 4, **i32), torch.empty(4, **i32))
+    x, lora_a = torch.zeros(3, 32, device=device), torch.zeros(1, 2, 4, 32, device=device)
+    align = (torch.zeros(1, 24, **i32), torch.zeros(1, 3, **i32), torch.zeros(1, **i32))
+    ids = torch.zeros(2, **i32)
+    with pytest.raises(ValueError, match=r"block_size = 8: tl\.dot needs M >= 16"):
+        fused_moe_lora_shrink(
+            x, lora_a, *align, ids, ids, torch.zeros(3, 4, device=device), top_k=1, block_size=8
+        )

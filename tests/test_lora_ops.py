@@ -42,6 +42,11 @@ def make_meta(slots: list[int], max_loras: int, device: str) -> KernelMeta:
         ([0, -1, 1, 1, 0, -1, 1], 64, 16, 48, 1),
         ([1] * 37, 40, 16, 17, 2),
         ([-1, 0] * 20 + [2], 33, 32, 24, 3),
+        # upstream's ranks below the 16-wide block (test_punica_ops: 1, 4, 8, ..., 256)
+        ([2, -1, 0, 0, 1] * 3, 40, 1, 24, 2),
+        ([0, 1, -1] * 7, 33, 4, 17, 1),
+        ([1, 2, 2, -1, 0, 1, 0], 64, 8, 48, 3),
+        ([0, -1, 2] * 4, 48, 64, 20, 1),
     ],
 )
 def test_shrink_then_expand_match_reference(device, slots, hidden, rank, width, num_slices):

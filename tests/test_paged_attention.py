@@ -1,4 +1,6 @@
-"""Paged KV cache writes and paged causal attention against float64 references."""
+"""Paged KV cache writes and paged causal attention against float64 references, at the
+miniature's head size and upstream's (its paged attention's 64, 80, 96, 112, 120, 128, 192 and
+256; test_cache.py runs 64, 80 and 256), whose blocks are padded to a power of two and masked."""
 
 from __future__ import annotations
 
@@ -13,9 +15,22 @@ from kernels.paged_attention import (
 )
 
 
-@pytest.mark.parametrize("block_size", [4, 16])
-def test_cache_then_attend_matches_reference(device, block_size) -> None:
-    heads, dim, num_blocks, gen = 2, 16, 24, torch.Generator().manual_seed(2)
+@pytest.mark.parametrize(
+    ("heads", "dim", "block_size"),
+    [
+        (2, 16, 4),
+        (2, 16, 16),
+        (3, 24, 16),  # a small head size: 72 cache columns of 128
+        (2, 80, 16),
+        (3, 96, 4),
+        (2, 112, 16),
+        (1, 120, 16),
+        (2, 192, 16),
+        (2, 256, 16),
+    ],
+)
+def test_cache_then_attend_matches_reference(device, heads, dim, block_size) -> None:
+    num_blocks, gen = 24, torch.Generator().manual_seed(2)
     lengths = [5, 1, 19]  # tokens of three rows written this step, positions 0..len-1
     tokens = sum(lengths)
     token_rows = torch.tensor(
@@ -42,7 +57,10 @@ def test_cache_then_attend_matches_reference(device, block_size) -> None:
     k_dev, v_dev = dev(k_cache), dev(v_cache)
     reshape_and_cache(dev(k), dev(v), k_dev, v_dev, dev(slots))
     assert torch.equal(k_dev.cpu().nan_to_num(7.0), k_ref.nan_to_num(7.0))
-    out = torch.empty(tokens, heads, dim, device=device)
+    assert torch.equal(v_dev.cpu().nan_to_num(7.0), v_ref.nan_to_num(7.0))
+    # a NaN row after the last token's: a store past a head's dim would reach it
+    guarded = torch.full((tokens + 1, heads, dim), float("nan"), device=device)
+    out = guarded[:tokens]
     paged_attention(
         dev(q),
         k_dev,
@@ -56,6 +74,7 @@ def test_cache_then_attend_matches_reference(device, block_size) -> None:
     )
     expected = paged_attention_reference(q, k_ref, v_ref, table, token_rows, positions, dim**-0.5)
     torch.testing.assert_close(out.cpu().double(), expected, rtol=1e-4, atol=1e-5)
+    assert guarded[tokens].isnan().all(), "paged attention wrote past the last head's dim"
 
 
 def test_padding_slots_write_nothing(device) -> None:

@@ -1,5 +1,5 @@
-"""Split-KV decode attention: planner vs its reference, split + combine vs dense attention, and
-what a plan made for other lengths does."""
+"""Split-KV decode attention: planner vs its reference, split + combine vs dense attention (at
+the miniature's head size and upstream's), and what a plan made for other lengths does."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.lazy_attn_state  # the lazily planned kernels of vLLM #
 HEADS, DIM, BLOCK_SIZE, NUM_PARTS, MAX_LEN = 2, 16, 4, 4, 48
 
 
-def _cache(device, lengths, seed=4):
+def _cache(device, lengths, seed=4, heads=HEADS, dim=DIM):
     gen = torch.Generator().manual_seed(seed)
     num_blocks = 40
     table = torch.zeros(len(lengths), MAX_LEN // BLOCK_SIZE, dtype=torch.int32)
@@ -28,9 +28,9 @@ def _cache(device, lengths, seed=4):
         need = -(-n // BLOCK_SIZE)
         table[r, :need], perm = perm[:need], perm[need:]
     k_cache, v_cache = (
-        torch.randn(num_blocks, BLOCK_SIZE, HEADS, DIM, generator=gen) for _ in range(2)
+        torch.randn(num_blocks, BLOCK_SIZE, heads, dim, generator=gen) for _ in range(2)
     )
-    q = torch.randn(len(lengths), HEADS, DIM, generator=gen)
+    q = torch.randn(len(lengths), heads, dim, generator=gen)
     return q, k_cache, v_cache, table
 
 
@@ -41,7 +41,9 @@ def split_and_combine(device, q, k_cache, v_cache, table, seq_lens, meta, max_le
     # NaN sentinels: the combine must read only the slots the plan's parts wrote
     partial_out = torch.full((parts, reqs, heads, dim), float("nan"), device=device)
     partial_lse = torch.full((parts, reqs, heads), float("nan"), device=device)
-    out = torch.empty(reqs, heads, dim, device=device)
+    # a NaN row after the last request's: a store past a head's dim would reach it
+    guarded = torch.full((reqs + 1, heads, dim), float("nan"), device=device)
+    out = guarded[:reqs]
     split_kv_attention(
         dev(q),
         dev(k_cache),
@@ -55,6 +57,7 @@ def split_and_combine(device, q, k_cache, v_cache, table, seq_lens, meta, max_le
         max_len,
     )
     combine_splits(partial_out, partial_lse, meta, out)
+    assert guarded[reqs].isnan().all(), "the combine wrote past the last head's dim"
     return out.cpu().double()
 
 
@@ -69,14 +72,28 @@ def test_plan_matches_reference(device, lengths) -> None:
     assert splits.tolist() == expected_splits
 
 
-@pytest.mark.parametrize("lengths", [[5, 17, 1, 40], [48], [3, 3, 3, 3, 3, 3, 3]])
-def test_split_and_combine_match_dense_attention(device, lengths) -> None:
-    q, k_cache, v_cache, table = _cache(device, lengths)
+@pytest.mark.parametrize(
+    ("lengths", "heads", "dim"),
+    [
+        ([5, 17, 1, 40], HEADS, DIM),
+        ([48], HEADS, DIM),
+        ([3, 3, 3, 3, 3, 3, 3], HEADS, DIM),
+        # upstream's head sizes, and a small one: blocks padded to a power of two and masked
+        ([5, 17, 1, 40], 3, 24),
+        ([5, 17, 1, 40], 2, 80),
+        ([48], 1, 96),
+        ([5, 17, 1, 40], 2, 112),
+        ([3, 3, 3, 3, 3, 3, 3], 2, 192),
+        ([5, 17, 1, 40], 2, 256),
+    ],
+)
+def test_split_and_combine_match_dense_attention(device, lengths, heads, dim) -> None:
+    q, k_cache, v_cache, table = _cache(device, lengths, heads=heads, dim=dim)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
     meta = torch.empty(NUM_PARTS, 4, dtype=torch.int32, device=device)
     plan_schedule(seq_lens, meta, torch.empty(len(lengths), dtype=torch.int32, device=device))
     got = split_and_combine(device, q, k_cache, v_cache, table, seq_lens.cpu(), meta)
-    expected = split_kv_attention_reference(q, k_cache, v_cache, table, seq_lens.cpu(), DIM**-0.5)
+    expected = split_kv_attention_reference(q, k_cache, v_cache, table, seq_lens.cpu(), dim**-0.5)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
