@@ -570,8 +570,10 @@ def test_two_serves_at_once_give_one_server(server_dir) -> None:
 def test_timeout_shortens_a_real_hang(tmp_path) -> None:
     """A regression that hangs: caught as a timeout confirmed twice (exit 1), in seconds."""
     repo = Repo(tmp_path)
-    hang = "    import time\n\n    time.sleep(600)\n    runner = lora_runner(ctx)\n"
-    repo.edit("repro/lora_dummy_run/scenarios.py", "    runner = lora_runner(ctx)\n", hang)
+    head = "def dummy_run_before_mapping(ctx: Context) -> str:\n"  # the scenario's name: stable
+    repo.edit(
+        "repro/lora_dummy_run/scenarios.py", head, head + "    __import__('time').sleep(600)\n"
+    )
     started = time.monotonic()
     done = run("check", *DUMMY, "--timeout", "3", cwd=repo.path)
     assert done.returncode == 1, done.stdout + done.stderr
