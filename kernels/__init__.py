@@ -1,5 +1,12 @@
 """Triton kernel families (one per module) with typed launchers, and the CUDA C++ ones of csrc/."""
 
+from __future__ import annotations
+
+import torch
+
+# The dtypes of upstream's inputs, weights and outputs; every kernel accumulates in float32
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 
 def require_power_of_two(**sizes: int) -> None:
     """A launcher's refusal of sizes its kernel cannot serve (a tl.arange extent must be a
@@ -7,3 +14,10 @@ def require_power_of_two(**sizes: int) -> None:
     for name, value in sizes.items():
         if value <= 0 or value & (value - 1):
             raise ValueError(f"{name} = {value}: must be a power of two; this kernel cannot serve")
+
+
+def require_dtype(allowed: tuple[torch.dtype, ...], **tensors: torch.Tensor) -> None:
+    """A launcher's refusal of tensors in a dtype its kernel does not serve, naming them."""
+    for name, tensor in tensors.items():
+        if tensor.dtype not in allowed:
+            raise ValueError(f"{name}: {tensor.dtype}; this kernel serves {allowed}")

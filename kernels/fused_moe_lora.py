@@ -11,6 +11,10 @@ pairs (and of pairs whose slot it skips) keep what `out` held.
 `lora_ids` has max_loras + 1 entries and -1 (the base model) sorts first, so the z axis must
 cover max_loras + 1 slots (vLLM #32277); a program whose id is not below max_loras returns
 before it indexes anything (the explicit bound the kernel carries).
+
+Dtypes are upstream's (its tests run float16 and bfloat16): each of the input, the weights and
+the output in float32, float16 or bfloat16; tiles are loaded in their dtype and multiplied in
+float32, and each store rounds once to the output's dtype.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import require_power_of_two
+from kernels import FLOAT_DTYPES, require_dtype, require_power_of_two
 
 BLOCK_K = 128
 
@@ -84,14 +88,14 @@ def _grid_slots(max_loras: int, fixes: ConsumerFixes) -> int:
 
 
 def fused_moe_lora_shrink(
-    x: torch.Tensor,  # [num_tokens, K] float32
-    lora_a: torch.Tensor,  # [max_loras, num_experts, rank, K] float32
+    x: torch.Tensor,  # [num_tokens, K] FLOAT_DTYPES
+    lora_a: torch.Tensor,  # [max_loras, num_experts, rank, K] FLOAT_DTYPES
     sorted_token_ids: torch.Tensor,  # [max_loras, max_num_tokens_padded] int32
     expert_ids: torch.Tensor,  # [max_loras, max_num_m_blocks] int32
     num_tokens_post_pad: torch.Tensor,  # [max_loras] int32
     lora_ids: torch.Tensor,  # [max_loras + 1] int32
     adapter_enabled: torch.Tensor,  # [max_loras + 1] int32
-    out: torch.Tensor,  # [num_tokens * top_k, rank] float32, LoRA pairs overwritten
+    out: torch.Tensor,  # [num_tokens * top_k, rank] FLOAT_DTYPES, LoRA pairs overwritten
     *,
     top_k: int,
     block_size: int,
@@ -107,14 +111,14 @@ def fused_moe_lora_shrink(
 
 
 def fused_moe_lora_expand(
-    shrunk: torch.Tensor,  # [num_tokens * top_k, rank] float32
-    lora_b: torch.Tensor,  # [max_loras, num_experts, hidden, rank] float32
+    shrunk: torch.Tensor,  # [num_tokens * top_k, rank] FLOAT_DTYPES
+    lora_b: torch.Tensor,  # [max_loras, num_experts, hidden, rank] FLOAT_DTYPES
     sorted_token_ids: torch.Tensor,
     expert_ids: torch.Tensor,
     num_tokens_post_pad: torch.Tensor,
     lora_ids: torch.Tensor,
     adapter_enabled: torch.Tensor,
-    out: torch.Tensor,  # [num_tokens * top_k, hidden] float32, LoRA pairs overwritten
+    out: torch.Tensor,  # [num_tokens * top_k, hidden] FLOAT_DTYPES, LoRA pairs overwritten
     *,
     scale: float,
     block_size: int,
@@ -136,8 +140,9 @@ def _launch(a, w, out, align, slots, row_div, scale, block_size, fixes: Consumer
     of a slot; w [max_loras, num_experts, N, K]."""
     sorted_token_ids, expert_ids, num_tokens_post_pad, lora_ids, adapter_enabled = align
     max_loras, _, n, k = w.shape
+    require_dtype(FLOAT_DTYPES, a=a, w=w, out=out)
     for name, t in (("a", a), ("w", w), ("out", out)):
-        assert t.dtype == torch.float32 and t.is_contiguous(), f"{name}: float32 contiguous"
+        assert t.is_contiguous(), f"{name}: contiguous"
     assert a.shape[1] == k, (a.shape, w.shape)
     assert sorted_token_ids.shape[0] == expert_ids.shape[0] == max_loras
     assert lora_ids.shape == (max_loras + 1,), lora_ids.shape
@@ -234,12 +239,13 @@ def _fused_moe_lora_kernel(
             a_ptr + rows[:, None] * K + ks[None, :],
             mask=valid[:, None] & (ks[None, :] < K),
             other=0.0,
-        )
+        ).to(tl.float32)
         b = tl.load(
             w_base + cols[None, :] * stride_wn + ks[:, None],
             mask=(cols[None, :] < n) & (ks[:, None] < K),
             other=0.0,
-        )
+        ).to(tl.float32)
         acc += tl.dot(a, b, input_precision="ieee")  # NOTE: not TF32: compared in float64
     out_ptrs = out_ptr + pairs.to(tl.int64)[:, None] * n + cols[None, :]
-    tl.store(out_ptrs, acc * scale, mask=valid[:, None] & (cols[None, :] < n))
+    value = (acc * scale).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptrs, value, mask=valid[:, None] & (cols[None, :] < n))

@@ -13,6 +13,11 @@ count serves batches of at most that many active ids. The host wrappers return b
 launching when no_lora_flag_cpu is set (specialised: also when num_active_loras_cpu is 0): a
 host decision, so CUDA-graph capture freezes it. Every launch goes through `launch(fn, *args)`
 so a graph emulation can record it.
+
+Dtypes are upstream's: x, the weights and y in float32, float16 or bfloat16, the shrink's buffer
+in any of them (upstream's is float32); tiles are loaded in their dtype and multiplied in
+float32 (upstream's expand casts a float32 buffer down to the weights' dtype instead), and each
+store rounds once to its tensor's dtype.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from kernels import FLOAT_DTYPES, require_dtype
 
 Launch = Callable[..., None]
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 16, 32
@@ -87,9 +94,9 @@ def lora_programs(meta: KernelMeta, max_loras: int, specialize: bool) -> int:
 
 
 def lora_shrink(
-    x: torch.Tensor,  # [num_tokens, hidden] float32
-    lora_a: torch.Tensor,  # [num_slices, max_loras, rank, hidden] float32
-    buffer: torch.Tensor,  # [num_slices, >= num_tokens, rank] float32, LoRA rows written
+    x: torch.Tensor,  # [num_tokens, hidden] FLOAT_DTYPES
+    lora_a: torch.Tensor,  # [num_slices, max_loras, rank, hidden] x's dtype
+    buffer: torch.Tensor,  # [num_slices, >= num_tokens, rank] FLOAT_DTYPES, LoRA rows written
     meta: KernelMeta,
     scale: float,
     launch: Launch = launch_now,
@@ -102,6 +109,8 @@ def lora_shrink(
         return
     assert lora_a.shape[3] == hidden, (lora_a.shape, hidden)
     assert buffer.shape[0] == num_slices and buffer.shape[2] == rank, (buffer.shape, rank)
+    require_dtype(FLOAT_DTYPES, x=x, buffer=buffer)
+    require_dtype((x.dtype,), lora_a=lora_a)
     m_tiles = triton.cdiv(num_tokens, BLOCK_M)
     grid = (m_tiles * triton.cdiv(rank, BLOCK_N), num_slices, programs)
     launch(
@@ -126,9 +135,9 @@ def lora_shrink(
 
 
 def lora_expand(
-    buffer: torch.Tensor,  # [num_slices, >= num_tokens, rank] float32
-    lora_b: torch.Tensor,  # [num_slices, max_loras, slice_width, rank] float32
-    y: torch.Tensor,  # [num_tokens, num_slices * slice_width] float32, accumulated in place
+    buffer: torch.Tensor,  # [num_slices, >= num_tokens, rank] FLOAT_DTYPES
+    lora_b: torch.Tensor,  # [num_slices, max_loras, slice_width, rank] FLOAT_DTYPES
+    y: torch.Tensor,  # [num_tokens, num_slices * slice_width] lora_b's dtype, accumulated in place
     meta: KernelMeta,
     launch: Launch = launch_now,
     specialize: bool = False,
@@ -140,6 +149,8 @@ def lora_expand(
         return
     assert num_slices * width == out_dim and y.is_contiguous(), (lora_b.shape, y.shape)
     assert buffer.shape[0] == num_slices and buffer.shape[2] == rank, (buffer.shape, rank)
+    require_dtype(FLOAT_DTYPES, buffer=buffer, lora_b=lora_b)
+    require_dtype((lora_b.dtype,), y=y)
     m_tiles = triton.cdiv(num_tokens, BLOCK_M)
     grid = (m_tiles * triton.cdiv(width, BLOCK_N), num_slices, programs)
     launch(
@@ -200,7 +211,8 @@ def _rows_times_lora(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """(in[rows] @ W.T, cols) for this program's [BLOCK_M, BLOCK_N] tile; W is [N, K]."""
+    """(in[rows] @ W.T in float32, cols) for this program's [BLOCK_M, BLOCK_N] tile; W is
+    [N, K]."""
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -209,12 +221,12 @@ def _rows_times_lora(
             in_ptr + rows[:, None] * K + ks[None, :],
             mask=valid[:, None] & (ks[None, :] < K),
             other=0.0,
-        )
+        ).to(tl.float32)
         b = tl.load(
             w_ptr + cols[None, :] * K + ks[:, None],
             mask=(cols[None, :] < N) & (ks[:, None] < K),
             other=0.0,
-        )
+        ).to(tl.float32)
         acc += tl.dot(a, b, input_precision="ieee")
     return acc, cols
 
@@ -249,7 +261,8 @@ def _lora_shrink_kernel(
         x_ptr, w, rows, valid, pid_n, RANK, HIDDEN, BLOCK_M, BLOCK_N, BLOCK_K
     )
     out = out_ptr + s * out_slice_stride + rows[:, None] * RANK + cols[None, :]
-    tl.store(out, acc * scale, mask=valid[:, None] & (cols[None, :] < RANK))
+    value = (acc * scale).to(out_ptr.dtype.element_ty)
+    tl.store(out, value, mask=valid[:, None] & (cols[None, :] < RANK))
 
 
 @triton.jit
@@ -292,4 +305,5 @@ def _lora_expand_kernel(
     )
     out = y_ptr + rows[:, None] * OUT_DIM + s * WIDTH + cols[None, :]
     mask = valid[:, None] & (cols[None, :] < WIDTH)
-    tl.store(out, tl.load(out, mask=mask, other=0.0) + acc, mask=mask)
+    value = tl.load(out, mask=mask, other=0.0).to(tl.float32) + acc
+    tl.store(out, value.to(y_ptr.dtype.element_ty), mask=mask)

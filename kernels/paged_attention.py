@@ -7,6 +7,13 @@ attends to positions 0..p of that row, found through the row's block table.
 Any head size is served, as upstream's Triton kernels serve it: a tl.arange extent must be a
 power of two, so the kernels range over DIM_PAD = next_power_of_2(head_dim) (the cache write over
 the next power of two of num_heads * head_dim) and mask the columns past the real extent.
+
+Dtypes are upstream's: query, key, value and output in float32, float16 or bfloat16, computed in
+float32. The cache holds the input dtype ("auto") or float8 e4m3 ("fp8") with per-tensor scales
+k_scale and v_scale (float32 tensors of one element, as upstream's layers hold them): the cache
+write stores x / scale rounded to e4m3 (vLLM's triton_reshape_and_cache_flash), attention reads
+e4m3 * scale in float32 (its triton_unified_attention). The kernels load the scales, so a CUDA
+graph replay sees a later update of them.
 """
 
 from __future__ import annotations
@@ -15,22 +22,37 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import FLOAT_DTYPES, require_dtype
+
 BLOCK_P = 32
+FP8_KV_CACHE = torch.float8_e4m3fn  # upstream's current_platform.fp8_dtype() on CUDA
 
 
-def reshape_and_cache_reference(key, value, k_cache, v_cache, slot_mapping) -> None:
+def reshape_and_cache_reference(
+    key, value, k_cache, v_cache, slot_mapping, k_scale: float = 1.0, v_scale: float = 1.0
+) -> None:
+    """Writes key / k_scale and value / v_scale (float64, rounded once to the cache's dtype)."""
     block_size = k_cache.shape[1]
     for t, slot in enumerate(slot_mapping.tolist()):
         if slot < 0:  # padding
             continue
-        k_cache[slot // block_size, slot % block_size] = key[t]
-        v_cache[slot // block_size, slot % block_size] = value[t]
+        k_cache[slot // block_size, slot % block_size] = key[t].double() / k_scale
+        v_cache[slot // block_size, slot % block_size] = value[t].double() / v_scale
 
 
 def paged_attention_reference(
-    query, k_cache, v_cache, block_table, token_rows, positions, scale
+    query,
+    k_cache,
+    v_cache,
+    block_table,
+    token_rows,
+    positions,
+    scale,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """[num_tokens, num_heads, head_dim] in float64."""
+    """[num_tokens, num_heads, head_dim] in float64, over the cache's entries times their
+    scales."""
     block_size = k_cache.shape[1]
     out = torch.zeros(query.shape, dtype=torch.float64)
     for t, (row, pos) in enumerate(zip(token_rows.tolist(), positions.tolist(), strict=True)):
@@ -38,23 +60,49 @@ def paged_attention_reference(
             int(block_table[row, p // block_size]) * block_size + p % block_size
             for p in range(pos + 1)
         ]
-        keys = k_cache.reshape(-1, *k_cache.shape[2:])[slots].double().cpu()  # [p+1, H, D]
-        values = v_cache.reshape(-1, *v_cache.shape[2:])[slots].double().cpu()
+        keys = k_cache.reshape(-1, *k_cache.shape[2:])[slots].double().cpu() * k_scale
+        values = v_cache.reshape(-1, *v_cache.shape[2:])[slots].double().cpu() * v_scale
         scores = torch.einsum("hd,phd->hp", query[t].double().cpu(), keys) * scale
         out[t] = torch.einsum("hp,phd->hd", scores.softmax(-1), values)
     return out
 
 
+def kv_scale_args(
+    dtype: torch.dtype,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scale pointers a kernel gets, after checking the cache's dtype against the model's
+    `dtype`: an fp8 cache's scales; another cache's own tensors (no scale is read from them)."""
+    require_dtype((dtype, FP8_KV_CACHE), k_cache=k_cache)
+    require_dtype((k_cache.dtype,), v_cache=v_cache)
+    if k_cache.dtype != FP8_KV_CACHE:
+        assert k_scale is None and v_scale is None, "scales apply to an fp8 KV cache only"
+        return k_cache, v_cache
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        assert s is not None, f"an fp8 KV cache needs {name}"
+        assert s.dtype == torch.float32 and s.numel() == 1, f"{name}: one float32 element"
+    return k_scale, v_scale
+
+
 def reshape_and_cache(
-    key: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    value: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32 | float16 | bfloat16
+    value: torch.Tensor,  # [num_tokens, num_heads, head_dim] key's dtype
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_heads, head_dim] key's dtype | fp8
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [>= num_tokens] int64, -1 for padding tokens
     num_warps: int = 4,  # a launch config: the bytes written do not depend on it
+    *,
+    k_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
+    v_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
 ) -> None:
     num_tokens, heads, dim = key.shape
     assert k_cache.shape[2:] == (heads, dim) and k_cache.is_contiguous() and key.is_contiguous()
+    require_dtype(FLOAT_DTYPES, key=key)
+    require_dtype((key.dtype,), value=value)
+    k_scale, v_scale = kv_scale_args(key.dtype, k_cache, v_cache, k_scale, v_scale)
     width = heads * dim
     _reshape_and_cache_kernel[(num_tokens,)](
         key,
@@ -62,6 +110,8 @@ def reshape_and_cache(
         k_cache,
         v_cache,
         slot_mapping,
+        k_scale,
+        v_scale,
         WIDTH=width,
         WIDTH_PAD=triton.next_power_of_2(width),
         num_warps=num_warps,
@@ -69,22 +119,30 @@ def reshape_and_cache(
 
 
 def paged_attention(
-    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_heads, head_dim]
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32 | float16 | bfloat16
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_heads, head_dim] query's dtype | fp8
     v_cache: torch.Tensor,
     block_table: torch.Tensor,  # [>= num_rows, max_num_blocks] int32, the batch's rows
     token_rows: torch.Tensor,  # [num_tokens] int32, batch row of each token
     positions: torch.Tensor,  # [num_tokens] int64
-    out: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32
+    out: torch.Tensor,  # [num_tokens, num_heads, head_dim] query's dtype
     scale: float,
     max_model_len: int,
+    *,
+    k_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
+    v_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
 ) -> None:
     num_tokens, heads, dim = query.shape
     assert query.is_contiguous() and out.is_contiguous() and block_table.is_contiguous()
+    require_dtype(FLOAT_DTYPES, query=query)
+    require_dtype((query.dtype,), out=out)
+    k_scale, v_scale = kv_scale_args(query.dtype, k_cache, v_cache, k_scale, v_scale)
     _paged_attention_kernel[(num_tokens, heads)](
         query,
         k_cache,
         v_cache,
+        k_scale,
+        v_scale,
         block_table,
         token_rows,
         positions,
@@ -107,6 +165,8 @@ def _reshape_and_cache_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_mapping_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     WIDTH: tl.constexpr,
     WIDTH_PAD: tl.constexpr,
 ):
@@ -118,8 +178,20 @@ def _reshape_and_cache_kernel(
     slot = tl.maximum(slot, 0)
     key = tl.load(key_ptr + t * WIDTH + cols, mask=keep)
     value = tl.load(value_ptr + t * WIDTH + cols, mask=keep)
-    tl.store(k_cache_ptr + slot * WIDTH + cols, key, mask=keep)
-    tl.store(v_cache_ptr + slot * WIDTH + cols, value, mask=keep)
+    if k_cache_ptr.dtype.element_ty.is_fp8():  # quantize; otherwise the cache holds the input
+        key = key.to(tl.float32) / tl.load(k_scale_ptr)
+        value = value.to(tl.float32) / tl.load(v_scale_ptr)
+    tl.store(k_cache_ptr + slot * WIDTH + cols, key.to(k_cache_ptr.dtype.element_ty), mask=keep)
+    tl.store(v_cache_ptr + slot * WIDTH + cols, value.to(v_cache_ptr.dtype.element_ty), mask=keep)
+
+
+@triton.jit
+def _kv_to_float32(x, scale_ptr):
+    """A K or V tile in float32: an fp8 cache's entries times its per-tensor scale."""
+    y = x.to(tl.float32)
+    if x.dtype.is_fp8():
+        y = y * tl.load(scale_ptr)
+    return y
 
 
 @triton.jit
@@ -127,6 +199,8 @@ def attend_positions(
     q,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     table_row_ptr,
     lo,
     hi,
@@ -139,8 +213,8 @@ def attend_positions(
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    """Online softmax of q (one head, [DIM_PAD], zero past DIM) over positions [lo, hi) of one
-    block-table row.
+    """Online softmax of q (one head, [DIM_PAD] float32, zero past DIM) over positions [lo, hi) of
+    one block-table row, in float32.
 
     Returns (running max, denominator, unnormalized output [DIM_PAD], zero past DIM);
     denominator 0: no live position.
@@ -156,12 +230,14 @@ def attend_positions(
         block = tl.load(table_row_ptr + ps // block_size, mask=live, other=0).to(tl.int64)
         kv = ((block * block_size + ps % block_size)[:, None] * HEADS + h) * DIM + dims[None, :]
         k = tl.load(k_cache_ptr + kv, mask=live[:, None] & in_head[None, :], other=0.0)
+        k = _kv_to_float32(k, k_scale_ptr)
         scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=0))
         safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
         correction = tl.exp(m - safe)
         weights = tl.exp(scores - safe)
         v = tl.load(v_cache_ptr + kv, mask=live[:, None] & in_head[None, :], other=0.0)
+        v = _kv_to_float32(v, v_scale_ptr)
         acc = acc * correction + tl.sum(weights[:, None] * v, axis=0)
         denom = denom * correction + tl.sum(weights, axis=0)
         m = m_new
@@ -173,6 +249,8 @@ def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     block_table_ptr,
     token_rows_ptr,
     positions_ptr,
@@ -191,11 +269,13 @@ def _paged_attention_kernel(
     row = tl.load(token_rows_ptr + t).to(tl.int64)
     dims = tl.arange(0, DIM_PAD)
     in_head = dims < DIM
-    q = tl.load(q_ptr + (t * HEADS + h) * DIM + dims, mask=in_head, other=0.0)
+    q = tl.load(q_ptr + (t * HEADS + h) * DIM + dims, mask=in_head, other=0.0).to(tl.float32)
     _, denom, acc = attend_positions(
         q,
         k_cache_ptr,
         v_cache_ptr,
+        k_scale_ptr,
+        v_scale_ptr,
         block_table_ptr + row * table_stride,
         0,
         tl.load(positions_ptr + t) + 1,
@@ -208,4 +288,5 @@ def _paged_attention_kernel(
         MAX_MODEL_LEN,
         BLOCK_P,
     )
-    tl.store(out_ptr + (t * HEADS + h) * DIM + dims, acc / denom, mask=in_head)
+    out = (acc / denom).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + (t * HEADS + h) * DIM + dims, out, mask=in_head)

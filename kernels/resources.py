@@ -28,6 +28,7 @@ DTYPES = {
     torch.float32: "fp32",
     torch.float16: "fp16",
     torch.bfloat16: "bf16",
+    torch.float8_e4m3fn: "fp8e4nv",
     torch.int32: "i32",
     torch.int64: "i64",
     torch.bool: "i1",
@@ -108,7 +109,9 @@ def _align(num_tokens: int, top_k: int, num_experts: int, max_loras: int) -> Non
     )
 
 
-def _fused_moe_lora(hidden: int, rank: int, block_size: int) -> None:
+def _fused_moe_lora(
+    hidden: int, rank: int, block_size: int, dtype: torch.dtype = torch.float32
+) -> None:
     from kernels.fused_moe_lora import fused_moe_lora_expand, fused_moe_lora_shrink
     from kernels.moe_lora_align import align_sizes
 
@@ -121,10 +124,10 @@ def _fused_moe_lora(hidden: int, rank: int, block_size: int) -> None:
         _i32(max_loras + 1),
         _i32(max_loras + 1),
     )
-    shrunk = _empty(num_tokens * top_k, rank)
+    shrunk = _empty(num_tokens * top_k, rank, dtype=dtype)  # upstream's: the output's dtype
     fused_moe_lora_shrink(
-        _empty(num_tokens, hidden),
-        _empty(max_loras, experts, rank, hidden),
+        _empty(num_tokens, hidden, dtype=dtype),
+        _empty(max_loras, experts, rank, hidden, dtype=dtype),
         *align,
         shrunk,
         top_k=top_k,
@@ -132,15 +135,15 @@ def _fused_moe_lora(hidden: int, rank: int, block_size: int) -> None:
     )
     fused_moe_lora_expand(
         shrunk,
-        _empty(max_loras, experts, hidden, rank),
+        _empty(max_loras, experts, hidden, rank, dtype=dtype),
         *align,
-        _empty(num_tokens * top_k, hidden),
+        _empty(num_tokens * top_k, hidden, dtype=dtype),
         scale=1.0,
         block_size=block_size,
     )
 
 
-def _lora(hidden: int, rank: int) -> None:
+def _lora(hidden: int, rank: int, dtype: torch.dtype = torch.float32) -> None:
     from kernels.lora_ops import KernelMeta, lora_expand, lora_shrink
 
     num_tokens, max_loras, slices = 512, 32, 2
@@ -153,29 +156,38 @@ def _lora(hidden: int, rank: int) -> None:
         torch.tensor([False]),
         torch.tensor([max_loras], dtype=torch.int32),
     )
-    buffer = _empty(slices, num_tokens, rank)
-    lora_shrink(
-        _empty(num_tokens, hidden), _empty(slices, max_loras, rank, hidden), buffer, meta, 1.0
-    )
-    lora_expand(
-        buffer, _empty(slices, max_loras, hidden, rank), _empty(num_tokens, slices * hidden), meta
-    )
+    buffer = _empty(slices, num_tokens, rank)  # float32, as upstream's
+    lora_a = _empty(slices, max_loras, rank, hidden, dtype=dtype)
+    lora_shrink(_empty(num_tokens, hidden, dtype=dtype), lora_a, buffer, meta, 1.0)
+    lora_b = _empty(slices, max_loras, hidden, rank, dtype=dtype)
+    lora_expand(buffer, lora_b, _empty(num_tokens, slices * hidden, dtype=dtype), meta)
 
 
-def _attention(heads: int, head_dim: int, max_model_len: int, num_parts: int) -> None:
-    from kernels.paged_attention import paged_attention, reshape_and_cache
+def _attention(
+    heads: int,
+    head_dim: int,
+    max_model_len: int,
+    num_parts: int,
+    dtype: torch.dtype = torch.float32,
+    fp8_cache: bool = False,
+) -> None:
+    from kernels.paged_attention import FP8_KV_CACHE, paged_attention, reshape_and_cache
     from kernels.split_kv_attention import combine_splits, plan_schedule, split_kv_attention
 
     num_tokens, num_reqs, block_size, blocks = 256, 64, 16, 64  # (the cache's length: no shape)
-    q, k_cache = _empty(num_tokens, heads, head_dim), _empty(blocks, block_size, heads, head_dim)
+    q = _empty(num_tokens, heads, head_dim, dtype=dtype)
+    cache_dtype = FP8_KV_CACHE if fp8_cache else dtype
+    k_cache = _empty(blocks, block_size, heads, head_dim, dtype=cache_dtype)
+    scales = dict(k_scale=_empty(1), v_scale=_empty(1)) if fp8_cache else {}
     table = _i32(num_reqs, max_model_len // block_size)
-    reshape_and_cache(q, q, k_cache, k_cache, torch.empty(num_tokens, dtype=torch.int64))
+    slots = torch.empty(num_tokens, dtype=torch.int64)
+    reshape_and_cache(q, q, k_cache, k_cache, slots, **scales)
     positions = torch.empty(num_tokens, dtype=torch.int64)
-    out = _empty(num_tokens, heads, head_dim)
+    out = _empty(num_tokens, heads, head_dim, dtype=dtype)
     paged_attention(
-        q, k_cache, k_cache, table, _i32(num_tokens), positions, out, 1.0, max_model_len
+        q, k_cache, k_cache, table, _i32(num_tokens), positions, out, 1.0, max_model_len, **scales
     )
-    meta, decode_q = _i32(num_parts, 4), _empty(num_reqs, heads, head_dim)
+    meta, decode_q = _i32(num_parts, 4), _empty(num_reqs, heads, head_dim, dtype=dtype)
     plan_schedule(_i32(num_reqs), meta, _i32(num_reqs))
     partial_out = _empty(num_parts, num_reqs, heads, head_dim)
     partial_lse = _empty(num_parts, num_reqs, heads)
@@ -190,8 +202,9 @@ def _attention(heads: int, head_dim: int, max_model_len: int, num_parts: int) ->
         partial_lse,
         1.0,
         max_model_len,
+        **scales,
     )
-    combine_splits(partial_out, partial_lse, meta, _empty(num_reqs, heads, head_dim))
+    combine_splits(partial_out, partial_lse, meta, _empty(num_reqs, heads, head_dim, dtype=dtype))
 
 
 def _block_tables(num_reqs: int, max_num_blocks: int, max_query_len: int) -> None:
@@ -229,8 +242,19 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
     # ranks below tl.dot's 16: the rank's block padded to 16
     ("fused moe lora, hidden 4096, rank 8, block 64", lambda: _fused_moe_lora(4096, 8, 64)),
     ("fused moe lora, hidden 4096, rank 4, block 16", lambda: _fused_moe_lora(4096, 4, 16)),
+    # upstream's dtypes: 16-bit tiles loaded, converted, multiplied in float32
+    (
+        "fused moe lora, hidden 4096, rank 64, block 64, bf16",
+        lambda: _fused_moe_lora(4096, 64, 64, torch.bfloat16),
+    ),
+    (
+        "fused moe lora, hidden 4096, rank 64, block 64, fp16",
+        lambda: _fused_moe_lora(4096, 64, 64, torch.float16),
+    ),
     ("lora shrink/expand, hidden 4096, rank 64", lambda: _lora(4096, 64)),
     ("lora shrink/expand, hidden 4096, rank 8", lambda: _lora(4096, 8)),
+    ("lora shrink/expand, hidden 4096, rank 64, bf16", lambda: _lora(4096, 64, torch.bfloat16)),
+    ("lora shrink/expand, hidden 4096, rank 64, fp16", lambda: _lora(4096, 64, torch.float16)),
     ("attention, 8 heads x 128, 8192 tokens, 16 parts", lambda: _attention(8, 128, 8192, 16)),
     ("attention, 32 heads x 128, 32768 tokens, 64 parts", lambda: _attention(32, 128, 32768, 64)),
     # upstream's head sizes: 80, 96, 112, 192 get blocks padded to a power of two (the cache
@@ -240,14 +264,41 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
     ("attention, 8 heads x 112, 8192 tokens, 16 parts", lambda: _attention(8, 112, 8192, 16)),
     ("attention, 64 heads x 192, 8192 tokens, 16 parts", lambda: _attention(64, 192, 8192, 16)),
     ("attention, 16 heads x 256, 32768 tokens, 64 parts", lambda: _attention(16, 256, 32768, 64)),
+    (
+        "attention, 32 heads x 128, 32768 tokens, 64 parts, bf16",
+        lambda: _attention(32, 128, 32768, 64, torch.bfloat16),
+    ),
+    (
+        "attention, 32 heads x 128, 32768 tokens, 64 parts, fp16",
+        lambda: _attention(32, 128, 32768, 64, torch.float16),
+    ),
     ("block tables, 1024 requests, 2048 blocks", lambda: _block_tables(1024, 2048, 512)),
+]
+
+# The fp8 (e4m3) KV cache: Triton has fp8e4nv from sm_89 on only; for sm_80 it refuses the type
+# ("type fp8e4nv not supported in this architecture. The supported fp8 dtypes are ('fp8e4b15',
+# 'fp8e5')"), so these launches are compiled for sm_90 and skipped for sm_80
+FP8_MIN_ARCH = 89
+FP8_SHAPES: list[tuple[str, Callable[[], None]]] = [
+    (
+        "attention, 32 heads x 128, 32768 tokens, 64 parts, bf16, fp8 cache",
+        lambda: _attention(32, 128, 32768, 64, torch.bfloat16, fp8_cache=True),
+    ),
+    (
+        "attention, 16 heads x 256, 32768 tokens, 64 parts, fp16, fp8 cache",
+        lambda: _attention(16, 256, 32768, 64, torch.float16, fp8_cache=True),
+    ),
 ]
 
 
 def check(arch: int, out=sys.stdout) -> list[str]:
     """Compile every launch of every shape for sm_`arch`; the violations (empty: all fit)."""
-    limit, problems = SHARED_LIMIT[arch], []
-    for label, call in SHAPES:
+    limit, problems, shapes = SHARED_LIMIT[arch], [], SHAPES
+    if arch >= FP8_MIN_ARCH:
+        shapes = SHAPES + FP8_SHAPES
+    else:
+        print(f"fp8 cache: {len(FP8_SHAPES)} shapes skipped, no fp8e4nv before sm_89", file=out)
+    for label, call in shapes:
         with recorded_launches() as launches:
             try:
                 call()
@@ -260,12 +311,12 @@ def check(arch: int, out=sys.stdout) -> list[str]:
                 shared = compile_launch(kernel, args, kwargs, arch).metadata.shared
             except Exception as error:
                 problems.append(f"{label}: {name} does not compile: {str(error)[:300]}")
-                print(f"{label:52} {name:32} FAILS TO COMPILE", file=out)
+                print(f"{label:66} {name:32} FAILS TO COMPILE", file=out)
                 continue
             verdict = "ok" if shared <= limit else f"OVER the {limit} limit"
             seconds = time.perf_counter() - start
             print(
-                f"{label:52} {name:32} {shared:7} B shared  {verdict}  ({seconds:.1f}s)", file=out
+                f"{label:66} {name:32} {shared:7} B shared  {verdict}  ({seconds:.1f}s)", file=out
             )
             if shared > limit:
                 problems.append(f"{label}: {name} needs {shared} bytes of shared memory")

@@ -8,7 +8,8 @@ per (part, head), a partial output and log-sum-exp for each request it covers; t
 kernel merges, per request, the partials of the parts the plan says cover it. A plan is valid
 only for the lengths it was made from: nothing checks that (upstream's contract). Any head size
 is served: the kernels range over DIM_PAD = next_power_of_2(dim) and mask the rest
-(paged_attention.py).
+(paged_attention.py). Dtypes and the fp8 KV cache are paged_attention.py's; the partial
+workspaces are float32, as FlashMLA's are.
 """
 
 from __future__ import annotations
@@ -17,20 +18,28 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import require_power_of_two
-from kernels.paged_attention import attend_positions
+from kernels import FLOAT_DTYPES, require_dtype, require_power_of_two
+from kernels.paged_attention import attend_positions, kv_scale_args
 
 BLOCK_P = 32
 
 
 def split_kv_attention_reference(
-    query, k_cache, v_cache, block_table, seq_lens, scale
+    query,
+    k_cache,
+    v_cache,
+    block_table,
+    seq_lens,
+    scale,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """[num_reqs, heads, dim] in float64: each query attends to its request's seq_len keys."""
+    """[num_reqs, heads, dim] in float64: each query attends to its request's seq_len keys
+    (the cache's entries times their scales)."""
     block_size = k_cache.shape[1]
     out = torch.zeros(query.shape, dtype=torch.float64)
-    flat_k = k_cache.reshape(-1, *k_cache.shape[2:]).double().cpu()
-    flat_v = v_cache.reshape(-1, *v_cache.shape[2:]).double().cpu()
+    flat_k = k_cache.reshape(-1, *k_cache.shape[2:]).double().cpu() * k_scale
+    flat_v = v_cache.reshape(-1, *v_cache.shape[2:]).double().cpu() * v_scale
     for r, length in enumerate(seq_lens.tolist()):
         slots = [
             int(block_table[r, p // block_size]) * block_size + p % block_size
@@ -77,8 +86,8 @@ def plan_schedule(
 
 
 def split_kv_attention(
-    query: torch.Tensor,  # [num_reqs, heads, dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, heads, dim]
+    query: torch.Tensor,  # [num_reqs, heads, dim] float32 | float16 | bfloat16
+    k_cache: torch.Tensor,  # [num_blocks, block_size, heads, dim] query's dtype | fp8
     v_cache: torch.Tensor,
     block_table: torch.Tensor,  # [num_reqs, max_num_blocks] int32
     seq_lens: torch.Tensor,  # [num_reqs] int32, live
@@ -87,14 +96,22 @@ def split_kv_attention(
     partial_lse: torch.Tensor,  # [num_parts, num_reqs, heads] float32 workspace
     scale: float,
     max_model_len: int,
+    *,
+    k_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
+    v_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
 ) -> None:
     num_reqs, heads, dim = query.shape
     num_parts = tile_scheduler_metadata.shape[0]
     assert partial_out.shape == (num_parts, num_reqs, heads, dim), partial_out.shape
+    require_dtype(FLOAT_DTYPES, query=query)
+    require_dtype((torch.float32,), partial_out=partial_out, partial_lse=partial_lse)
+    k_scale, v_scale = kv_scale_args(query.dtype, k_cache, v_cache, k_scale, v_scale)
     _split_kv_kernel[(num_parts, heads)](
         query,
         k_cache,
         v_cache,
+        k_scale,
+        v_scale,
         block_table,
         seq_lens,
         tile_scheduler_metadata,
@@ -113,15 +130,16 @@ def split_kv_attention(
 
 
 def combine_splits(
-    partial_out: torch.Tensor,
-    partial_lse: torch.Tensor,
+    partial_out: torch.Tensor,  # [num_parts, num_reqs, heads, dim] float32
+    partial_lse: torch.Tensor,  # [num_parts, num_reqs, heads] float32
     tile_scheduler_metadata: torch.Tensor,  # [num_parts, 4] int32: which parts cover whom
-    out: torch.Tensor,
+    out: torch.Tensor,  # [num_reqs, heads, dim] float32 | float16 | bfloat16
 ) -> None:
-    """out [num_reqs, heads, dim] = the log-sum-exp merge of the partials of the parts the
-    plan gives each request."""
+    """out = the log-sum-exp merge of the partials of the parts the plan gives each request."""
     num_parts, num_reqs, heads, dim = partial_out.shape
     require_power_of_two(num_parts=num_parts)
+    require_dtype((torch.float32,), partial_out=partial_out, partial_lse=partial_lse)
+    require_dtype(FLOAT_DTYPES, out=out)
     _combine_kernel[(num_reqs, heads)](
         partial_out,
         partial_lse,
@@ -177,6 +195,8 @@ def _split_kv_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     block_table_ptr,
     seq_lens_ptr,
     meta_ptr,
@@ -208,9 +228,11 @@ def _split_kv_kernel(
             hi = tl.where(r == last, last_end, tl.load(seq_lens_ptr + r))
             q = tl.load(q_ptr + (r * HEADS + h) * DIM + dims, mask=in_head, other=0.0)
             m, denom, acc = attend_positions(
-                q,
+                q.to(tl.float32),
                 k_cache_ptr,
                 v_cache_ptr,
+                k_scale_ptr,
+                v_scale_ptr,
                 block_table_ptr + r * table_stride,
                 lo,
                 hi,
@@ -257,4 +279,4 @@ def _combine_kernel(
         other=0.0,
     )
     out = tl.sum(weights[:, None] * partial, axis=0) / tl.sum(weights, axis=0)
-    tl.store(out_ptr + (r * HEADS + h) * DIM + dims, out, mask=in_head)
+    tl.store(out_ptr + (r * HEADS + h) * DIM + dims, out.to(out_ptr.dtype.element_ty), mask=in_head)

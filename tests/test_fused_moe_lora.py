@@ -1,5 +1,5 @@
 """The fused MoE-LoRA shrink and expand consumers against the dense reference, fed by
-reference align."""
+reference align, in float32 and upstream's float16 and bfloat16 (tests/dtypes.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from kernels.fused_moe_lora import (
     fused_moe_lora_shrink_reference,
 )
 from kernels.moe_lora_align import align_sizes, moe_lora_align_reference
+from tests.dtypes import LORA_DTYPES, cases
 
 # the kernels vLLM #40131 feeds and #32277 launches
 pytestmark = [pytest.mark.moe_align_grid, pytest.mark.moe_lora_consumer_grid]
-CASES = [
+SHAPES = [
     (7, 2, 8, 16, 200, [], 16),
     (29, 3, 5, 32, 131, [1], 16),
     (3, 1, 4, 16, 64, [0], 16),
@@ -26,20 +27,28 @@ CASES = [
     (13, 2, 5, 4, 72, [1], 16),
     (17, 3, 8, 8, 131, [], 32),
     (9, 2, 4, 64, 48, [], 16),
-    # realistic sizes (hidden 4096, 64 experts, top-k 6): a GPU only
-    pytest.param(48, 6, 64, 4, 4096, [], 16, marks=pytest.mark.gpu),
-    pytest.param(48, 6, 64, 8, 4096, [], 16, marks=pytest.mark.gpu),
-    pytest.param(48, 6, 64, 16, 4096, [], 16, marks=pytest.mark.gpu),
-    pytest.param(48, 6, 64, 32, 4096, [], 16, marks=pytest.mark.gpu),
-    pytest.param(48, 6, 64, 64, 4096, [], 64, marks=pytest.mark.gpu),
 ]
+# realistic sizes (hidden 4096, 64 experts, top-k 6): a GPU only, in every dtype
+REALISTIC = [
+    (48, 6, 64, 4, 4096, [], 16),
+    (48, 6, 64, 8, 4096, [], 16),
+    (48, 6, 64, 16, 4096, [], 16),
+    (48, 6, 64, 32, 4096, [], 16),
+    (48, 6, 64, 64, 4096, [], 64),
+]
+CASES = cases(SHAPES, LORA_DTYPES, cpu=[2, 3], gpu_only=REALISTIC)
+# float32 exact (small integers: every product and sum is exact); float16 and bfloat16 round
+# each output once, checked with upstream's tolerance (test_fused_moe_lora_kernel.py:
+# atol = rtol = 1e-2 for both)
+TOLERANCE = {torch.float32: 0.0, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
 @pytest.mark.parametrize(
-    ("num_tokens", "top_k", "num_experts", "rank", "hidden", "disabled", "block_size"), CASES
+    ("num_tokens", "top_k", "num_experts", "rank", "hidden", "disabled", "block_size", "dtype"),
+    CASES,
 )
 def test_shrink_and_expand_match_dense_reference(
-    device, num_tokens, top_k, num_experts, rank, hidden, disabled, block_size
+    device, num_tokens, top_k, num_experts, rank, hidden, disabled, block_size, dtype
 ) -> None:
     max_loras = 2
     gen = torch.Generator().manual_seed(1)
@@ -64,9 +73,10 @@ def test_shrink_and_expand_match_dense_reference(
         block_size=block_size,
         max_loras=max_loras,
     )
-    x = torch.randint(-2, 3, (num_tokens, hidden), generator=gen).float()
-    lora_a = torch.randint(-2, 3, (max_loras, num_experts, rank, hidden), generator=gen).float()
-    out = torch.full((num_tokens * top_k, rank), -7.0)
+    ints = lambda *shape: torch.randint(-2, 3, shape, generator=gen).to(dtype)
+    x, lora_a = ints(num_tokens, hidden), ints(max_loras, num_experts, rank, hidden)
+    # the shrink's output in the model's dtype, as upstream's intermediate cache
+    out = torch.full((num_tokens * top_k, rank), -7.0, dtype=dtype)
     expected = fused_moe_lora_shrink_reference(x, lora_a, topk, mapping, enabled, out)
     out = out.to(device)
     fused_moe_lora_shrink(
@@ -79,10 +89,12 @@ def test_shrink_and_expand_match_dense_reference(
         top_k=top_k,
         block_size=block_size,
     )
-    _same("shrink", out, expected)
-    lora_b = torch.randint(-2, 3, (max_loras, num_experts, hidden, rank), generator=gen).float()
-    wide = torch.full((num_tokens * top_k, hidden), -5.0)
-    expected = fused_moe_lora_expand_reference(expected, lora_b, topk, mapping, enabled, wide, 0.5)
+    _same("shrink", out, expected, TOLERANCE[dtype])
+    lora_b = ints(max_loras, num_experts, hidden, rank)
+    wide = torch.full((num_tokens * top_k, hidden), -5.0, dtype=dtype)
+    # from the shrink's output as stored: the expand's own rounding only
+    shrunk = out.cpu()
+    expected = fused_moe_lora_expand_reference(shrunk, lora_b, topk, mapping, enabled, wide, 0.5)
     wide = wide.to(device)
     fused_moe_lora_expand(
         out,
@@ -94,11 +106,14 @@ def test_shrink_and_expand_match_dense_reference(
         scale=0.5,
         block_size=block_size,
     )
-    _same("expand", wide, expected)
+    _same("expand", wide, expected, TOLERANCE[dtype])
 
 
-def _same(what: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
-    differ = actual.cpu().double() != expected
+def _same(what: str, actual: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
+    """|actual - expected| <= tol * (1 + |expected|) everywhere (NaN differs)."""
+    close = (actual.cpu().double() - expected).abs() <= tol * (1 + expected.abs())
+    differ = ~close
     assert not differ.any(), (
-        f"{what}: {int(differ.sum())} entries differ, first at {differ.nonzero()[0].tolist()}"
+        f"{what}: {int(differ.sum())} entries differ beyond {tol}, first at "
+        f"{differ.nonzero()[0].tolist()}"
     )
