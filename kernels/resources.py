@@ -242,35 +242,25 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
     # ranks below tl.dot's 16: the rank's block padded to 16
     ("fused moe lora, hidden 4096, rank 8, block 64", lambda: _fused_moe_lora(4096, 8, 64)),
     ("fused moe lora, hidden 4096, rank 4, block 16", lambda: _fused_moe_lora(4096, 4, 16)),
-    # upstream's dtypes: 16-bit tiles loaded, converted, multiplied in float32
+    # upstream's dtypes: 16-bit tiles loaded, converted, multiplied in float32 (bf16 stands for
+    # fp16 too: the same tile bytes; compiling both doubled the check's time for no new limit)
     (
         "fused moe lora, hidden 4096, rank 64, block 64, bf16",
         lambda: _fused_moe_lora(4096, 64, 64, torch.bfloat16),
     ),
-    (
-        "fused moe lora, hidden 4096, rank 64, block 64, fp16",
-        lambda: _fused_moe_lora(4096, 64, 64, torch.float16),
-    ),
     ("lora shrink/expand, hidden 4096, rank 64", lambda: _lora(4096, 64)),
     ("lora shrink/expand, hidden 4096, rank 8", lambda: _lora(4096, 8)),
     ("lora shrink/expand, hidden 4096, rank 64, bf16", lambda: _lora(4096, 64, torch.bfloat16)),
-    ("lora shrink/expand, hidden 4096, rank 64, fp16", lambda: _lora(4096, 64, torch.float16)),
     ("attention, 8 heads x 128, 8192 tokens, 16 parts", lambda: _attention(8, 128, 8192, 16)),
     ("attention, 32 heads x 128, 32768 tokens, 64 parts", lambda: _attention(32, 128, 32768, 64)),
-    # upstream's head sizes: 80, 96, 112, 192 get blocks padded to a power of two (the cache
-    # write's width too)
+    # upstream's head sizes: 80 (and 96, 112: the same padded block of 128) and 192 get blocks
+    # padded to a power of two (the cache write's width too)
     ("attention, 32 heads x 80, 8192 tokens, 16 parts", lambda: _attention(32, 80, 8192, 16)),
-    ("attention, 32 heads x 96, 8192 tokens, 16 parts", lambda: _attention(32, 96, 8192, 16)),
-    ("attention, 8 heads x 112, 8192 tokens, 16 parts", lambda: _attention(8, 112, 8192, 16)),
     ("attention, 64 heads x 192, 8192 tokens, 16 parts", lambda: _attention(64, 192, 8192, 16)),
     ("attention, 16 heads x 256, 32768 tokens, 64 parts", lambda: _attention(16, 256, 32768, 64)),
     (
         "attention, 32 heads x 128, 32768 tokens, 64 parts, bf16",
         lambda: _attention(32, 128, 32768, 64, torch.bfloat16),
-    ),
-    (
-        "attention, 32 heads x 128, 32768 tokens, 64 parts, fp16",
-        lambda: _attention(32, 128, 32768, 64, torch.float16),
     ),
     ("block tables, 1024 requests, 2048 blocks", lambda: _block_tables(1024, 2048, 512)),
 ]
@@ -283,10 +273,6 @@ FP8_SHAPES: list[tuple[str, Callable[[], None]]] = [
     (
         "attention, 32 heads x 128, 32768 tokens, 64 parts, bf16, fp8 cache",
         lambda: _attention(32, 128, 32768, 64, torch.bfloat16, fp8_cache=True),
-    ),
-    (
-        "attention, 16 heads x 256, 32768 tokens, 64 parts, fp16, fp8 cache",
-        lambda: _attention(16, 256, 32768, 64, torch.float16, fp8_cache=True),
     ),
 ]
 
