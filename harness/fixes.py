@@ -33,6 +33,10 @@ class Fix(enum.Enum):
     SPEC_SEPARATE_WARMUP_STATE = "spec_separate_warmup_state"
     # vLLM #46523 (capture_first_call; open upstream, for issue #40742)
     CAPTURE_PREWARM = "capture_prewarm"
+    # spec_prewarm_captured_state: #46523's prewarm (an eager capture-path call) re-opens
+    # #44253's hazard in the speculator; modelled on vLLM #48261 (fresh speculator metadata
+    # for every warm-up and capture pass): the eager pass gets a disposable state
+    SPEC_DISPOSABLE_PREWARM_STATE = "spec_disposable_prewarm_state"
 
 
 Variant = frozenset[Fix]

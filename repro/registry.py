@@ -15,6 +15,7 @@ from repro import (
     moe_align_grid,
     moe_lora_consumer_grid,
     spec_capture_state,
+    spec_prewarm_captured_state,
 )
 
 BUGS: tuple[BugRecord, ...] = (
@@ -27,6 +28,7 @@ BUGS: tuple[BugRecord, ...] = (
     block_table_graph_wake.RECORD,
     spec_capture_state.RECORD,
     capture_first_call.RECORD,
+    spec_prewarm_captured_state.RECORD,
 )
 
 

@@ -158,10 +158,10 @@ def test_manager_warms_up_captures_and_dispatches(device) -> None:
     piecewise = [BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, n, n) for n in (4, 8)]
     manager.capture(full + piecewise, create_forward_fn)
     # PIECEWISE first (larger activations), then FULL; largest first in each; FULL: warm-up,
-    # the FULL path once eagerly, capture
+    # the capture path once eagerly, capture (in mode NONE: the whole forward is in the graph)
     assert [n for n, _ in calls] == [8, 8, 4, 4, 8, 8, 8, 4, 4, 4]
     assert [m for _, m in calls][:4] == [CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE] * 2
-    assert [m for _, m in calls][4:] == [CUDAGraphMode.NONE, *[CUDAGraphMode.FULL] * 2] * 2
+    assert [m for _, m in calls][4:] == [CUDAGraphMode.NONE] * 6
     dispatch = manager.dispatch
     assert dispatch(3, 3, True) == full[0] and dispatch(5, 5, True) == full[1]
     assert dispatch(3, 2, False) == piecewise[0] and dispatch(5, 5, False) == piecewise[1]
@@ -194,48 +194,73 @@ def test_piecewise_runs_outside_work_eagerly_at_every_replay(device) -> None:
     assert calls == [1.0, 1.0, 1.0] and full.launches == ["mul_", "add_", "add_"]
 
 
-CAPTURE_ORDERS = [
-    (
-        CUDAGraphMode.FULL,
-        ALL_FIXES,
-        ["factory", "warm-up", "factory", "prewarm", "factory for capture", "capture"],
-        2,
-    ),
-    (
-        CUDAGraphMode.FULL,
-        ALL_FIXES - {Fix.FRESH_ATTN_STATE_FOR_CAPTURE},
-        ["factory", "warm-up", "factory", "prewarm", "capture"],
-        0,
-    ),
-    (
-        CUDAGraphMode.FULL,
-        ALL_FIXES - {Fix.CAPTURE_PREWARM},
-        ["factory", "warm-up", "factory for capture", "capture"],
-        1,
-    ),
-    (CUDAGraphMode.PIECEWISE, ALL_FIXES, ["factory", "warm-up", "capture"], 0),
-]
+NONE, FULL, PIECEWISE = CUDAGraphMode.NONE, CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
+# upstream's order (vLLM #46523's test, test_full_cudagraph_capture_prewarms_fresh_capture_
+# forward_fn): (forward function, mode passed, inside the graph?); "warmup" is made with
+# warmup=True, "capture-N" is the N-th made with warmup=False
+UPSTREAM_ORDER = [("warmup", NONE, False), ("capture-1", NONE, False), ("capture-2", NONE, True)]
+
+
+def _record_capture(device: str, mode: CUDAGraphMode, fixes) -> tuple:
+    """Capture one descriptor with a factory that records every forward call: (the calls,
+    the manager, the descriptor, each forward function's attention state by label)."""
+    manager, calls, states = CudaGraphManager(device, Launcher(), fixes), [], {}
+
+    def create_forward_fn(desc, warmup: bool):
+        made = sum(label.startswith("capture") for label in states)
+        label = "warmup" if warmup else f"capture-{made + 1}"
+        states[label] = object()
+
+        def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:
+            calls.append((label, cg_mode, manager.launcher.capturing))
+            return torch.zeros(1, device=device)
+
+        return forward, states[label]
+
+    desc = BatchExecutionDescriptor(mode, 4, 4, uniform_decode=mode == FULL)
+    manager.capture([desc], create_forward_fn)
+    return calls, manager, desc, states
 
 
 @pytest.mark.lazy_attn_state
 @pytest.mark.capture_first_call
-@pytest.mark.parametrize(("mode", "fixes", "order", "kept"), CAPTURE_ORDERS)
-def test_capture_call_order_and_kept_state(device, mode, fixes, order, kept) -> None:
-    manager, events, states = CudaGraphManager(device, Launcher(), fixes), [], []
+def test_full_capture_prewarms_a_fresh_capture_forward_fn(device) -> None:
+    """Upstream's order: the general warm-up, a disposable capture-compatible function run
+    eagerly (the prewarm), then another fresh one captured, whose state is kept."""
+    calls, manager, desc, states = _record_capture(device, FULL, ALL_FIXES)
+    assert calls == UPSTREAM_ORDER
+    assert manager.warmup_attn_states[desc] is states["warmup"]
+    assert manager.captured_attn_states[desc] is states["capture-2"]
 
-    def create_forward_fn(desc, warmup: bool = True):
-        events.append("factory" if warmup else "factory for capture")
-        states.append(object())
 
-        def forward(cg_mode: CUDAGraphMode) -> torch.Tensor:
-            capturing_now = manager.launcher.names is not None
-            eager = "warm-up" if cg_mode == CUDAGraphMode.NONE else "prewarm"
-            events.append("capture" if capturing_now else eager)
-            return torch.zeros(1, device=device)
+BUGGY_ORDERS = [
+    pytest.param(  # vLLM #46523's bug: the capture path's first call is the capture
+        Fix.CAPTURE_PREWARM,
+        [("warmup", NONE, False), ("capture-1", NONE, True)],
+        "capture-1",
+        marks=pytest.mark.capture_first_call,
+        id="capture_prewarm",
+    ),
+    pytest.param(  # vLLM #42444's bug: the warm-up's function (and state) is captured
+        Fix.FRESH_ATTN_STATE_FOR_CAPTURE,
+        [("warmup", NONE, False), ("capture-1", NONE, False), ("warmup", NONE, True)],
+        "warmup",
+        marks=pytest.mark.lazy_attn_state,
+        id="fresh_attn_state_for_capture",
+    ),
+]
 
-        return forward, states[-1]
 
-    desc = BatchExecutionDescriptor(mode, 4, 4)
-    manager.capture([desc], create_forward_fn)
-    assert events == order
+@pytest.mark.parametrize(("part", "order", "kept"), BUGGY_ORDERS)
+def test_capture_order_without_a_part_is_not_upstreams(device, part, order, kept) -> None:
+    calls, manager, desc, states = _record_capture(device, FULL, ALL_FIXES - {part})
+    assert calls != UPSTREAM_ORDER and calls == order
     assert manager.captured_attn_states[desc] is states[kept]
+
+
+@pytest.mark.capture_first_call
+@pytest.mark.parametrize("fixes", [ALL_FIXES, frozenset()], ids=["fixed", "no_fixes"])
+def test_piecewise_capture_runs_the_warmup_function_in_its_mode(device, fixes) -> None:
+    calls, manager, desc, states = _record_capture(device, PIECEWISE, fixes)
+    assert calls == [("warmup", NONE, False), ("warmup", PIECEWISE, True)]
+    assert manager.captured_attn_states[desc] is states["warmup"]

@@ -93,6 +93,7 @@ REQUIRED_AXES = {
     "lazy_attn_state": {**GRAPHS, "graph_modes": {"PIECEWISE", "FULL_AND_PIECEWISE"}},
     "capture_first_call": {**GRAPHS, "graph_modes": {"PIECEWISE", "FULL", "FULL_AND_PIECEWISE"}},
     "spec_capture_state": {**GRAPHS, "graph_modes": {"FULL_AND_PIECEWISE"}},
+    "spec_prewarm_captured_state": {**GRAPHS, "graph_modes": {"FULL_AND_PIECEWISE"}},
     "block_table_wake": WAKE,
     "block_table_graph_wake": {**GRAPHS, **WAKE},
     "moe_align_grid": ADAPTERS,

@@ -9,7 +9,8 @@ import torch
 from harness.fixes import ALL_FIXES, Fix
 from harness.oracle import close, step_problems
 from harness.reference import step_reference
-from harness.runner.cudagraph import CUDAGraphMode
+from harness.runner.cudagraph import BatchExecutionDescriptor, CUDAGraphMode
+from harness.runner.flashmla import DraftAttention, FlashMLABackend, FlashMLASchedMeta
 from harness.runner.input_batch import InputBuffers, Request
 from harness.runner.lora import LoRAKernelMeta, LoRAMapping, LoRAModelManager, convert_mapping
 from harness.runner.model_runner import ModelRunner, RunnerConfig
@@ -162,3 +163,58 @@ def test_specialized_lora_captures_one_case_per_active_count(device) -> None:
     one = runner.execute_model([Request("a", (1, 2), 1), Request("b", (3,), 0)])
     both = runner.execute_model([Request("a", (1,), 1), Request("b", (3,), 2)])
     assert [o.desc.num_active_loras for o in (base, one, both)] == [1, 2, 3]
+
+
+class _StateRecordingDraft(DraftAttention):
+    """A draft attention whose forward records the state it runs on (and whether a graph is
+    being captured) instead of attending."""
+
+    def __init__(self, device: str, fixes) -> None:
+        super().__init__(FlashMLABackend(4, 32, device), 2, lambda x, out: None, fixes)
+        self.seen: list[tuple[FlashMLASchedMeta, bool]] = []
+
+    def forward(self, state, x) -> torch.Tensor:
+        self.seen.append((state, self.launch.capturing))
+        return torch.zeros(1, device=self.backend.device)
+
+
+DRAFT_STATES = [
+    pytest.param(
+        ALL_FIXES,
+        "warm-up",
+        "fresh",
+        marks=[pytest.mark.spec_capture_state, pytest.mark.spec_prewarm_captured_state],
+        id="fixed",
+    ),
+    pytest.param(
+        ALL_FIXES - {Fix.SPEC_SEPARATE_WARMUP_STATE},
+        "captured",
+        "fresh",
+        marks=pytest.mark.spec_capture_state,
+        id="spec_separate_warmup_state",
+    ),
+    pytest.param(
+        ALL_FIXES - {Fix.SPEC_DISPOSABLE_PREWARM_STATE},
+        "warm-up",
+        "captured",
+        marks=pytest.mark.spec_prewarm_captured_state,
+        id="spec_disposable_prewarm_state",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fixes", "warm_up", "prewarm"), DRAFT_STATES)
+def test_draft_capture_passes_run_on_their_states(device, fixes, warm_up, prewarm) -> None:
+    """The speculator's warm-up, prewarm (vLLM #46523) and capture of one FULL decode graph:
+    fixed, on the target's warm-up state, a fresh one, the target's captured one."""
+    draft = _StateRecordingDraft(device, fixes)
+    desc = BatchExecutionDescriptor(CUDAGraphMode.FULL, 4, 4, uniform_decode=True)
+    target = {"warm-up": FlashMLASchedMeta(), "captured": FlashMLASchedMeta()}
+    draft.capture({desc: (target["warm-up"], target["captured"])}, lambda d: None)
+    (warm_up_state, _), (prewarm_state, eager), (capture_state, in_graph) = draft.seen
+    assert warm_up_state is target[warm_up] and capture_state is target["captured"]
+    if prewarm == "fresh":
+        assert all(prewarm_state is not t for t in target.values())
+    else:
+        assert prewarm_state is target[prewarm]
+    assert not eager and in_graph

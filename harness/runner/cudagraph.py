@@ -96,6 +96,11 @@ class Launcher:
         else:
             fn(*args, **kwargs)
 
+    @property
+    def capturing(self) -> bool:
+        """Whether a graph is being captured now (upstream: the stream is capturing)."""
+        return self.names is not None
+
     def outside_graph(self, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
         """Host and device work a PIECEWISE graph leaves out; inline otherwise."""
         if self.split is None:
@@ -308,32 +313,38 @@ class CudaGraphManager:
         create_forward_fn: Callable[..., tuple[ForwardFn, AttnState]],
     ) -> None:
         """PIECEWISE descriptors first (their activations are the larger), then FULL; each
-        largest first. Per descriptor: warm up eagerly (FULL: and run the FULL path once
-        eagerly), then capture in its mode.
-        `create_forward_fn(desc)` makes a forward function and its attention state;
-        `create_forward_fn(desc, warmup=False)`, one for capture."""
+        largest first. `create_forward_fn(desc, warmup)` makes a forward function and its
+        attention state: it is called once with warmup=True for the general warm-up, then (FULL)
+        twice with warmup=False: once for a disposable eager prewarm of the capture-compatible
+        path, and once for the actual capture (upstream's order, vLLM #46523)."""
         order = sorted(descs, key=lambda d: (d.cg_mode != CUDAGraphMode.PIECEWISE, -d.num_tokens))
         if self.device == "cuda" and self.pool is None:
             self.pool, self.primer = poisoned_pool()
         for desc in order:
-            forward_fn, attn_state = create_forward_fn(desc)
-            warmup_state = attn_state
-            forward_fn(CUDAGraphMode.NONE)  # warm-up: allocations, lazy init, autotuning
-            if desc.cg_mode == CUDAGraphMode.FULL and Fix.CAPTURE_PREWARM in self.fixes:
-                # fix: capture_prewarm -- first-call work of the FULL path must not run in capture.
-                create_forward_fn(desc)[0](desc.cg_mode)  # eagerly, on a disposable state
-            if (
-                desc.cg_mode == CUDAGraphMode.FULL
-                and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes
-            ):
-                # fix: fresh_attn_state_for_capture -- lazy attention init must run in the graph.
-                forward_fn, attn_state = create_forward_fn(desc, warmup=False)
-            self.warmup_attn_states[desc] = warmup_state
-            self.captured_attn_states[desc] = attn_state
-            piecewise = desc.cg_mode == CUDAGraphMode.PIECEWISE
-            with capturing(self.launcher, self.device, self.pool, piecewise) as graph:
-                self.outputs[desc] = forward_fn(desc.cg_mode)
-            self.graphs[desc] = graph
+            self._capture_one(desc, create_forward_fn)
+
+    def _capture_one(
+        self,
+        desc: BatchExecutionDescriptor,
+        create_forward_fn: Callable[..., tuple[ForwardFn, AttnState]],
+    ) -> None:
+        """Warm up eagerly, then capture in the descriptor's mode (PIECEWISE: on the warm-up's
+        function; FULL: the whole forward in the graph, called in mode NONE)."""
+        forward_fn, attn_state = create_forward_fn(desc, warmup=True)
+        warmup_state = attn_state
+        forward_fn(CUDAGraphMode.NONE)  # warm-up: allocations, lazy init, autotuning
+        if desc.cg_mode == CUDAGraphMode.FULL and Fix.CAPTURE_PREWARM in self.fixes:
+            # fix: capture_prewarm -- the capture path's first call (its tuning) must be eager.
+            create_forward_fn(desc, warmup=False)[0](CUDAGraphMode.NONE)  # a disposable state
+        if desc.cg_mode == CUDAGraphMode.FULL and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes:
+            # fix: fresh_attn_state_for_capture -- lazy attention init must run in the graph.
+            forward_fn, attn_state = create_forward_fn(desc, warmup=False)
+        self.warmup_attn_states[desc] = warmup_state
+        self.captured_attn_states[desc] = attn_state
+        piecewise = desc.cg_mode == CUDAGraphMode.PIECEWISE
+        with capturing(self.launcher, self.device, self.pool, piecewise) as graph:
+            self.outputs[desc] = forward_fn(desc.cg_mode if piecewise else CUDAGraphMode.NONE)
+        self.graphs[desc] = graph
 
     def dispatch(
         self, num_tokens: int, num_reqs: int, uniform_decode: bool, lora_case: int | None = None

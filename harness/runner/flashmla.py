@@ -17,7 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from harness.fixes import Fix, Variant
-from harness.runner.cudagraph import BatchExecutionDescriptor, CudaGraphManager, Launcher
+from harness.runner.cudagraph import (
+    BatchExecutionDescriptor,
+    CudaGraphManager,
+    CUDAGraphMode,
+    Launcher,
+)
 from kernels.split_kv_attention import combine_splits, plan_schedule, split_kv_attention
 
 
@@ -83,9 +88,10 @@ class DraftInputs:
 class DraftAttention:
     """A speculator's decode attention (query: the target's normalized sampled hidden state)
     with graphs of its own on the target's attention states (upstream: the speculator's prefill
-    graph manager builds none). It warms up on the target's warm-up state (planned eagerly) and
-    captures on the captured one, so that at replay it reads the plan the target's graph has
-    just made (vLLM #44253: the captured state's plan is not computed before that replay)."""
+    graph manager builds none). It warms up on the target's warm-up state (planned eagerly),
+    prewarms its capture path (vLLM #46523) on a disposable state and captures on the captured
+    one, so that at replay it reads the plan the target's graph has just made (vLLM #44253: the
+    captured state's plan is not computed before that replay)."""
 
     def __init__(
         self,
@@ -113,7 +119,8 @@ class DraftAttention:
         target_states: dict[BatchExecutionDescriptor, tuple[FlashMLASchedMeta, FlashMLASchedMeta]],
         inputs: Callable[[BatchExecutionDescriptor], DraftInputs],
     ) -> None:
-        """`target_states`: each descriptor's (warm-up, captured) attention states."""
+        """`target_states`: each descriptor's (warm-up, captured) attention states. A
+        warmup=False function runs on the captured state in capture, on a fresh one eagerly."""
 
         def create_forward_fn(desc: BatchExecutionDescriptor, warmup: bool = True):
             warmup_state, captured_state = target_states[desc]
@@ -121,6 +128,15 @@ class DraftAttention:
             if warmup and Fix.SPEC_SEPARATE_WARMUP_STATE in self.fixes:
                 # fix: spec_separate_warmup_state -- the captured state's plan is uncomputed.
                 state = warmup_state
-            return (lambda mode: self.forward(state, inputs(desc))), state
+
+            def forward(mode: CUDAGraphMode) -> torch.Tensor:
+                run_on = state
+                eager = not self.launch.capturing
+                if not warmup and eager and Fix.SPEC_DISPOSABLE_PREWARM_STATE in self.fixes:
+                    # fix: spec_disposable_prewarm_state -- never eagerly on the unmade plan.
+                    run_on = FlashMLASchedMeta()
+                return self.forward(run_on, inputs(desc))
+
+            return forward, state
 
         self.graphs.capture(list(target_states), create_forward_fn)

@@ -117,7 +117,7 @@ class ModelRunner:
         )
         self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes)
         self.capture_attn: dict[BatchExecutionDescriptor, AttentionMetadata] = {}
-        self.tuned: set[tuple[bool, int]] = set()  # (FULL path?, size) tuned on a first call
+        self.tuned: set[tuple[bool, int]] = set()  # (capture path?, size) tuned on a first call
 
     def _punica_wrappers(self) -> dict[str, PunicaWrapper]:
         # NOTE: the embedding and layer 0 share one wrapper object; layer 1 and the LM head
@@ -305,27 +305,29 @@ class ModelRunner:
 
     def _create_forward_fn(self, desc: BatchExecutionDescriptor, warmup: bool = True):
         """A forward on dummy inputs of `desc`'s size, with a fresh attention state (and, with
-        tables_in_graph, the gather of the step's tables first)."""
+        tables_in_graph, the gather of the step's tables first): of the eager path (warmup),
+        or of the capture-compatible one (upstream: the compiled graph's path)."""
         batch = self.input_buffers.dummy(desc.num_tokens, desc.num_reqs)
         attn = self.kv_cache.metadata(batch)
         attn.uniform_decode, attn.sched = desc.uniform_decode, FlashMLASchedMeta()
         self.capture_attn[desc] = attn
 
         def forward(mode: CUDAGraphMode):
-            self._first_call_tuning(mode, batch.num_tokens)
+            self._first_call_tuning(not warmup, batch.num_tokens)
             if self.config.tables_in_graph:
                 self.kv_cache.metadata(batch, self.launch)
             return self.model.forward(batch, attn, self.wrappers, self.launch)
 
         return forward, attn.sched
 
-    def _first_call_tuning(self, mode: CUDAGraphMode, num_tokens: int) -> None:
+    def _first_call_tuning(self, capture_path: bool, num_tokens: int) -> None:
         """The one-time tuning of a path and size on its first call (upstream: Inductor's
-        autotuning of the compiled FULL-graph path, per shape, vLLM #40742): time the KV-cache
-        write under two launch configs, with host syncs, on scratch tensors; keep the faster.
-        The eager and PIECEWISE paths tune at warm-up; the FULL path at its first call: in
-        capture, unless prewarmed."""
-        key = (mode == FULL, num_tokens)
+        autotuning of the compiled capture-compatible path, per shape, vLLM #40742): time the
+        KV-cache write under two launch configs, with host syncs, on scratch tensors; keep the
+        faster. The eager path (warm-up functions, which PIECEWISE captures too) tunes at
+        warm-up; the capture path (functions made with warmup=False, which FULL captures) at
+        its first call: in capture, unless prewarmed (vLLM #46523)."""
+        key = (capture_path, num_tokens)
         if key in self.tuned:
             return
         m = self.config.model

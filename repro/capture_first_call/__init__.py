@@ -1,12 +1,13 @@
 """capture_first_call (vLLM #46523, open; issue #40742): the FULL path's first call is the capture.
 
-Warm-up runs every descriptor's forward in eager mode. Since #42444, FULL capture makes a fresh
-forward function and calls it for the first time inside capture, so one-time work of the FULL
-path (upstream: Inductor/Triton autotuning of the compiled graph, which times candidates and
-synchronises) runs while the stream is capturing: the driver refuses the sync and capture fails.
-Fix part (proposed, not merged): run the capture-compatible path once eagerly, on a disposable
-attention state, before the fresh state and the capture. Run alone:
-`python -m repro.capture_first_call`.
+Warm-up runs every descriptor's warm-up function (create_forward_fn(desc, warmup=True)) eagerly.
+Since #42444, FULL capture makes a fresh capture-compatible function (warmup=False) and calls
+it for the first time inside capture, so one-time work of that path (upstream: Inductor/Triton
+autotuning of the compiled graph, which times candidates and synchronises) runs while the
+stream is capturing: the driver refuses the sync and capture fails. Fix part (proposed, not
+merged), in upstream's call order: a first warmup=False function runs eagerly (mode NONE, a
+disposable attention state), then a second one is captured (mode NONE: the whole forward is in
+the graph). Run alone: `python -m repro.capture_first_call`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ RECORD = BugRecord(
         "permitted when stream is capturing') from a first-call autotune (issue #40742)"
     ),
     root_cause=(
-        "warm-up runs the eager path; the FULL path (a fresh forward function since #42444) "
-        "runs for the first time inside capture, where its one-time tuning synchronises"
+        "warm-up runs the eager path; the capture-compatible path (a fresh forward function "
+        "made with warmup=False since #42444) runs for the first time inside capture, where "
+        "its one-time tuning synchronises"
     ),
     trigger="FULL capture of a path whose first call tunes per shape (host syncs)",
     fix_parts=(PART,),
@@ -66,16 +68,26 @@ RECORD = BugRecord(
         (
             PART,
             "vllm/v1/worker/gpu/cudagraph_utils.py, CudaGraphManager.capture (as proposed in "
-            "#46523): for FULL descriptors, after the general warm-up, run the capture-"
-            "compatible forward function eagerly with disposable attention metadata, then "
-            "build fresh metadata and capture",
+            "#46523): for FULL descriptors, after the general warm-up (create_forward_fn(desc, "
+            "warmup=True)), call create_forward_fn(desc, warmup=False) and run it eagerly "
+            "(disposable attention metadata), then call it again for fresh metadata and "
+            "capture; the forward is called in mode NONE both times",
         ),
     ),
     history=(
         "Open upstream: #46523 is not merged and issue #40742 is open (a v0.22.0 B200 report "
-        "shows the same first-call Inductor autotuning). The runner stands for Inductor with a "
-        "per-shape first-call tuning of the KV-cache write's launch config (two configs timed "
-        "with host syncs on scratch tensors; they write the same bytes). The issue also names "
+        "shows the same first-call Inductor autotuning). The fix follows upstream's call "
+        "order, pinned by #46523's test (tests/v1/cudagraph/test_gpu_cudagraph_utils.py at "
+        "172525b; here tests/test_cudagraph.py): warm-up function, a disposable capture "
+        "function run eagerly, a second capture function captured, each forward called in "
+        "mode NONE; an earlier version of this runner prewarmed by running a warm-up function "
+        "in FULL mode, with the tuning keyed on the mode. The runner stands for Inductor with "
+        "a per-shape first-call tuning of the KV-cache write's launch config, owned by the "
+        "path (a warmup=False function tunes the capture path, a warm-up function the eager "
+        "path; two configs timed with host syncs on scratch tensors; they write the same "
+        "bytes). #46523's prewarm is itself a hazard for a speculator whose factory answers "
+        "warmup=False with the target's captured state (#44253's design): registered as "
+        "spec_prewarm_captured_state. The issue also names "
         "a first-call buffer allocated during capture and later overwritten: not modelled. A "
         "buffer that capture allocates and the runner keeps stays the graph pool's for as "
         "long as it is referenced, so the hazard needs an address kept without its tensor; "

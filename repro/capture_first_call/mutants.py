@@ -1,5 +1,5 @@
-"""Fix-site mutants of capture_first_call: the prewarm run in the wrong mode, for some
-descriptors only, never called, or on the capture's own state."""
+"""Fix-site mutants of capture_first_call: the prewarm of the wrong path, for some descriptors
+only, never called, or on the capture's own state."""
 
 from __future__ import annotations
 
@@ -7,20 +7,21 @@ from harness.record import Mutant
 from repro.capture_first_call import PART
 from repro.lazy_attn_state.mutants import FRESH, GRAPHS
 
-CONDITION = (
-    "            if desc.cg_mode == CUDAGraphMode.FULL and Fix.CAPTURE_PREWARM in self.fixes:"
+CONDITION = "        if desc.cg_mode == CUDAGraphMode.FULL and Fix.CAPTURE_PREWARM in self.fixes:"
+CALL = (
+    "            create_forward_fn(desc, warmup=False)[0](CUDAGraphMode.NONE)  # a disposable state"
 )
-CALL = "                create_forward_fn(desc)[0](desc.cg_mode)  # eagerly, on a disposable state"
 
 MUTANTS = (
     Mutant(
-        "prewarm_in_eager_mode",
+        "prewarm_of_the_eager_path",
         PART,
         "wrong_row",
         GRAPHS,
         CALL,
-        CALL.replace("(desc.cg_mode)", "(CUDAGraphMode.NONE)"),
-        "the prewarm runs the eager path again, not the FULL path",
+        CALL.replace("warmup=False", "warmup=True"),
+        "the prewarm runs a warm-up function again (the eager path, tuned at warm-up), not "
+        "the capture-compatible one",
     ),
     Mutant(
         "prewarm_for_piecewise_instead",
@@ -37,10 +38,12 @@ MUTANTS = (
         "partial",
         GRAPHS,
         CONDITION,
-        CONDITION[:-1] + " and desc.num_tokens == max(\n"
-        "                d.num_tokens for d in descs\n"
-        "            ):",
-        "only the largest FULL descriptor is prewarmed (tuning is per shape)",
+        "        if (\n"
+        "            desc.cg_mode == CUDAGraphMode.FULL\n"
+        "            and Fix.CAPTURE_PREWARM in self.fixes\n"
+        "            and not any(d.cg_mode == desc.cg_mode for d in self.graphs)\n"
+        "        ):",
+        "only the first (largest) FULL descriptor is prewarmed (tuning is per shape)",
     ),
     Mutant(
         "prewarm_skips_uniform_decode",
@@ -57,7 +60,7 @@ MUTANTS = (
         "unused_state",
         GRAPHS,
         CALL,
-        "                create_forward_fn(desc)  # a disposable state, made and dropped",
+        "            create_forward_fn(desc, warmup=False)  # a disposable state, made and dropped",
         "the disposable forward function is made but not run",
     ),
     Mutant(
@@ -66,7 +69,7 @@ MUTANTS = (
         "ordering",
         GRAPHS,
         FRESH,
-        FRESH + "\n                forward_fn(desc.cg_mode)",
+        FRESH + "\n            forward_fn(CUDAGraphMode.NONE)",
         "an extra eager run on the fresh capture state: it plans there, so the graph lacks "
         "the planner (the order #46523 avoids: disposable state first, fresh state after)",
     ),
@@ -79,5 +82,16 @@ MUTANTS = (
         CONDITION.replace("Fix.CAPTURE_PREWARM", "desc.uniform_decode and Fix.CAPTURE_PREWARM"),
         "only the uniform-decode FULL graphs are prewarmed (FULL_AND_PIECEWISE's): pure FULL's "
         "graphs serve every batch and capture on a first call",
+    ),
+    Mutant(
+        "prewarm_in_full_mode",
+        PART,
+        "wrong_row",
+        GRAPHS,
+        CALL,
+        CALL.replace("(CUDAGraphMode.NONE)", "(desc.cg_mode)"),
+        "the prewarm passes FULL, as the old order did, instead of NONE",
+        equivalent="the runner's forward functions read no mode: the path (and its tuning) is "
+        "the function's, set by warmup; tests/test_cudagraph.py pins the modes passed",
     ),
 )

@@ -15,17 +15,19 @@ def full_decode_capture(ctx: Context) -> str:
     replay vs an eager step vs the dense float64 reference.
 
     Each path tunes on its first call per size (host syncs). Fixed: after the eager warm-up,
-    the FULL path runs once eagerly on a disposable state, so its tuning is done when the
-    capture starts: captures and replays match. Buggy: the FULL path's first call is the
-    capture: its tuning synchronises while the stream captures: the driver (CPU: the graph
-    emulation) refuses: an exception at capture_model.
+    a capture-compatible function (warmup=False) runs once eagerly on a disposable state, so
+    the capture path's tuning is done when a second one is captured: captures and replays
+    match. Buggy: the capture path's first call is the capture: its tuning synchronises while
+    the stream captures: the driver (CPU: the graph emulation) refuses: an exception at
+    capture_model.
     """
     return decode_steps(ctx, CUDAGraphMode.FULL_AND_PIECEWISE)
 
 
 def piecewise_capture(ctx: Context) -> str:
-    """The same steps under PIECEWISE capture only: the path captured is the one the warm-up
-    ran and tuned. Buggy and fixed pass: the hazard is the FULL path's alone."""
+    """The same steps under PIECEWISE capture only: the function captured is the warm-up's,
+    whose path the warm-up tuned. Buggy and fixed pass: the hazard is the FULL capture's
+    alone."""
     return decode_steps(ctx, CUDAGraphMode.PIECEWISE)
 
 

@@ -4,8 +4,9 @@ FlashMLA-style attention plans its split-KV work partition on first use
 (tile_scheduler_metadata is None -> allocate and run the planner). CudaGraphManager.capture()
 shared one attention state between warm-up and FULL capture, so the planner ran in warm-up and
 was never recorded; every replay reuses the plan made for the dummy warm-up lengths (DeepSeek
-V4 produced garbled or looping output upstream). The fix calls create_forward_fn(desc) again
-before FULL capture and keeps that fresh state. Run alone: `python -m repro.lazy_attn_state`.
+V4 produced garbled or looping output upstream). The fix calls create_forward_fn(desc,
+warmup=False) before FULL capture, captures that fresh function and keeps its state. Run
+alone: `python -m repro.lazy_attn_state`.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ RECORD = BugRecord(
         (
             Fix.FRESH_ATTN_STATE_FOR_CAPTURE,
             "vllm/v1/worker/gpu/cudagraph_utils.py, CudaGraphManager.capture: for FULL "
-            "descriptors, create_forward_fn(desc) again after the warm-up, capture with that "
-            "fresh state and keep it in captured_attn_states (PIECEWISE keeps the warm-up one)",
+            "descriptors, create_forward_fn(desc, warmup=False) after the warm-up, capture "
+            "with that fresh state and keep it in captured_attn_states (PIECEWISE keeps the "
+            "warm-up one)",
         ),
     ),
     history=(

@@ -7,24 +7,35 @@ from harness.record import Mutant
 
 PART = Fix.FRESH_ATTN_STATE_FOR_CAPTURE
 GRAPHS, RUNNER = "harness/runner/cudagraph.py", "harness/runner/model_runner.py"
-FRESH = "                forward_fn, attn_state = create_forward_fn(desc, warmup=False)"
-WARM_UP = (
-    "            forward_fn(CUDAGraphMode.NONE)  # warm-up: allocations, lazy init, autotuning\n"
-)
+FRESH = "            forward_fn, attn_state = create_forward_fn(desc, warmup=False)"
+WARM_UP = "        forward_fn(CUDAGraphMode.NONE)  # warm-up: allocations, lazy init, autotuning\n"
 COMMENT = (
-    "                # fix: fresh_attn_state_for_capture -- "
+    "            # fix: fresh_attn_state_for_capture -- "
     "lazy attention init must run in the graph.\n"
 )
 PREWARM = (
-    "            if desc.cg_mode == CUDAGraphMode.FULL and Fix.CAPTURE_PREWARM in self.fixes:\n"
-    "                # fix: capture_prewarm -- "
-    "first-call work of the FULL path must not run in capture.\n"
-    "                create_forward_fn(desc)[0](desc.cg_mode)  # eagerly, on a disposable state\n"
+    "        if desc.cg_mode == CUDAGraphMode.FULL and Fix.CAPTURE_PREWARM in self.fixes:\n"
+    "            # fix: capture_prewarm -- "
+    "the capture path's first call (its tuning) must be eager.\n"
+    "            create_forward_fn(desc, warmup=False)[0](CUDAGraphMode.NONE)"
+    "  # a disposable state\n"
 )
-CONDITION = """            if (
-                desc.cg_mode == CUDAGraphMode.FULL
-                and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes
-            ):"""
+CONDITION = (
+    "        if desc.cg_mode == CUDAGraphMode.FULL"
+    " and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes:"
+)
+
+
+def _condition_and(extra: str) -> str:
+    """CONDITION with one more conjunct."""
+    return (
+        "        if (\n"
+        "            desc.cg_mode == CUDAGraphMode.FULL\n"
+        "            and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes\n"
+        f"            and {extra}\n"
+        "        ):"
+    )
+
 
 MUTANTS = (
     Mutant(
@@ -33,7 +44,7 @@ MUTANTS = (
         "unused_state",
         GRAPHS,
         FRESH,
-        "                _, attn_state = create_forward_fn(desc, warmup=False)",
+        "            _, attn_state = create_forward_fn(desc, warmup=False)",
         "a fresh state is made and kept, but the capture runs the warm-up's forward function",
     ),
     Mutant(
@@ -42,7 +53,7 @@ MUTANTS = (
         "unused_state",
         GRAPHS,
         FRESH,
-        "                forward_fn, _ = create_forward_fn(desc, warmup=False)",
+        "            forward_fn, _ = create_forward_fn(desc, warmup=False)",
         "the capture uses the fresh state, captured_attn_states keeps the warm-up's",
     ),
     Mutant(
@@ -50,9 +61,8 @@ MUTANTS = (
         PART,
         "partial",
         GRAPHS,
-        "                and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes\n",
-        "                and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes\n"
-        "                and desc.num_tokens == max(d.num_tokens for d in descs)\n",
+        CONDITION,
+        _condition_and("not any(d.cg_mode == desc.cg_mode for d in self.graphs)"),
         "only the first (largest) FULL descriptor gets a fresh state",
     ),
     Mutant(
@@ -60,8 +70,8 @@ MUTANTS = (
         PART,
         "wrong_row",
         GRAPHS,
-        "                desc.cg_mode == CUDAGraphMode.FULL\n",
-        "                desc.cg_mode == CUDAGraphMode.PIECEWISE\n",
+        CONDITION,
+        CONDITION.replace("CUDAGraphMode.FULL", "CUDAGraphMode.PIECEWISE"),
         "the fresh state goes to the PIECEWISE descriptors, whose attention is not captured",
     ),
     Mutant(
@@ -98,9 +108,8 @@ MUTANTS = (
         PART,
         "partial",
         GRAPHS,
-        "                and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes\n",
-        "                and Fix.FRESH_ATTN_STATE_FOR_CAPTURE in self.fixes\n"
-        "                and (desc.num_active_loras or 1) == 1\n",
+        CONDITION,
+        _condition_and("(desc.num_active_loras or 1) == 1"),
         "a fresh state for the first LoRA capture case only: the other cases' FULL graphs are "
         "captured on the warm-up state (found by an independent regression)",
     ),

@@ -42,7 +42,15 @@ RECORD = BugRecord(
     scenarios=(
         Scenario(
             "speculator_capture",
-            (Expect(frozenset({PART}), ILLEGAL),),
+            (
+                Expect(frozenset({PART}), ILLEGAL),
+                Expect(
+                    frozenset({Fix.SPEC_DISPOSABLE_PREWARM_STATE}),
+                    ILLEGAL,
+                    why="#46523's prewarm runs the draft eagerly on the captured state too "
+                    "(spec_prewarm_captured_state)",
+                ),
+            ),
             timeout_s=300.0,
             axes=Axes(graph_modes=("FULL_AND_PIECEWISE",), capture_sizes=(4, 8), steps_per_size=2),
         ),
@@ -66,6 +74,9 @@ RECORD = BugRecord(
         "speculator warm-up and capture. Here the plan memory that capture allocates is "
         "poisoned (int32 max, on both devices), so the uncomputed plan always sends the "
         "split-KV kernel out of bounds; with allocator leftovers it would read whatever was "
-        "there."
+        "there. #46523's prewarm (open; capture_first_call) adds an eager warmup=False pass, "
+        "which the #44253 factory answers with the captured state: the same fault again, "
+        "registered as spec_prewarm_captured_state (speculator_capture fails without its "
+        "part too)."
     ),
 )

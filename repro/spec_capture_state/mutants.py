@@ -44,8 +44,8 @@ MUTANTS = (
         PART,
         "unused_state",
         FLASHMLA,
-        "            return (lambda mode: self.forward(state, inputs(desc))), state",
-        "            return (lambda mode: self.forward(captured_state, inputs(desc))), state",
+        "                run_on = state",
+        "                run_on = captured_state",
         "the warm-up state is picked and returned, but the forward runs on the captured one",
     ),
     Mutant(
@@ -53,8 +53,8 @@ MUTANTS = (
         PART,
         "ordering",
         GRAPHS,
-        "            self.warmup_attn_states[desc] = warmup_state",
-        "            self.warmup_attn_states[desc] = attn_state",
+        "        self.warmup_attn_states[desc] = warmup_state",
+        "        self.warmup_attn_states[desc] = attn_state",
         "the target records its warm-up state after the fresh one replaced it",
     ),
 )
