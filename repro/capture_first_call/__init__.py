@@ -51,6 +51,17 @@ RECORD = BugRecord(
             axes=Axes(graph_modes=("FULL",), capture_sizes=(4, 8), steps_per_size=2),
         ),
         Scenario(
+            "lora_case_capture",
+            (Expect(frozenset({PART}), FAILS),),
+            timeout_s=300.0,
+            axes=Axes(
+                graph_modes=("FULL_AND_PIECEWISE",),
+                capture_sizes=(4,),
+                steps_per_size=3,
+                adapters=("enabled", "absent"),
+            ),
+        ),
+        Scenario(
             "piecewise_capture",
             (
                 Expect(

@@ -94,4 +94,16 @@ MUTANTS = (
         equivalent="the runner's forward functions read no mode: the path (and its tuning) is "
         "the function's, set by warmup; tests/test_cudagraph.py pins the modes passed",
     ),
+    Mutant(
+        "prewarm_unspecialised_only",
+        PART,
+        "partial",
+        GRAPHS,
+        CONDITION,
+        CONDITION.replace(
+            "Fix.CAPTURE_PREWARM", "desc.num_active_loras is None and Fix.CAPTURE_PREWARM"
+        ),
+        "descriptors of a LoRA capture case (specialised LoRA) are not prewarmed (found by an "
+        "independent regression)",
+    ),
 )

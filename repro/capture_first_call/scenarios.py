@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from harness.record import Context
 from harness.runner.cudagraph import CUDAGraphMode
-from repro.lazy_attn_state.scenarios import decode_steps
+from repro.lazy_attn_state.scenarios import decode_steps, lora_case_decode_graphs
 
 
 def full_decode_capture(ctx: Context) -> str:
@@ -37,3 +37,12 @@ def pure_full_capture(ctx: Context) -> str:
     FULL_AND_PIECEWISE, the first call of the FULL path is the capture: its tuning's host sync
     is refused: an exception at capture_model."""
     return decode_steps(ctx, CUDAGraphMode.FULL)
+
+
+def lora_case_capture(ctx: Context) -> str:
+    """FULL_AND_PIECEWISE capture with LoRA specialised by active-adapter count: a FULL decode
+    graph per LoRA capture case (1, 2, 3), each prewarmed before its capture; then decode steps
+    in every case. Fixed: captures and replays match. Buggy: the capture path's first call for
+    each size is the capture of the first LoRA case: an exception at capture_model. A prewarm
+    that skips specialised descriptors (num_active_loras set) fails the same way."""
+    return lora_case_decode_graphs(ctx)
