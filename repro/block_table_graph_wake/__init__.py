@@ -19,6 +19,30 @@ REFRESH = Fix.BLOCK_TABLE_REFRESH_IN_PLACE
 REINIT = Fix.BLOCK_TABLE_REINIT_ON_WAKE  # block_table_wake's part: this one refines it
 ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)  # CPU: the interpreter's wild read, SIGSEGV
 
+
+def _replay_after_wake(name: str, mode: str) -> Scenario:
+    """A scenario that replays graphs of `mode` gathering the tables, across sleep and wake."""
+    return Scenario(
+        name,
+        (
+            Expect(
+                frozenset({REINIT}),
+                ILLEGAL,
+                why="nothing refreshes the layout tensors: block_table_wake itself",
+            ),
+            Expect(frozenset({REFRESH}), ILLEGAL),
+        ),
+        timeout_s=240.0,
+        axes=Axes(
+            graph_modes=(mode,),
+            capture_sizes=(4, 16),
+            steps_per_size=2,
+            sleep_levels=(1, 2),
+            wakes=("all at once", "staged"),
+        ),
+    )
+
+
 RECORD = BugRecord(
     id="block_table_graph_wake",
     title="CUDA graphs read the old block-table layout tensors after sleep/wake",
@@ -38,44 +62,8 @@ RECORD = BugRecord(
     fix_parts=(REFRESH,),
     buggy_outcome=ILLEGAL,
     scenarios=(
-        Scenario(
-            "graph_replay_after_wake",
-            (
-                Expect(
-                    frozenset({REINIT}),
-                    ILLEGAL,
-                    why="nothing refreshes the layout tensors: block_table_wake itself",
-                ),
-                Expect(frozenset({REFRESH}), ILLEGAL),
-            ),
-            timeout_s=240.0,
-            axes=Axes(
-                graph_modes=("FULL_AND_PIECEWISE",),
-                capture_sizes=(4, 16),
-                steps_per_size=2,
-                sleep_levels=(1, 2),
-                wakes=("all at once", "staged"),
-            ),
-        ),
-        Scenario(
-            "piecewise_replay_after_wake",
-            (
-                Expect(
-                    frozenset({REINIT}),
-                    ILLEGAL,
-                    why="nothing refreshes the layout tensors: block_table_wake itself",
-                ),
-                Expect(frozenset({REFRESH}), ILLEGAL),
-            ),
-            timeout_s=240.0,
-            axes=Axes(
-                graph_modes=("PIECEWISE",),
-                capture_sizes=(4, 16),
-                steps_per_size=2,
-                sleep_levels=(1, 2),
-                wakes=("all at once", "staged"),  # level 1 at once, level 2 staged
-            ),
-        ),
+        _replay_after_wake("graph_replay_after_wake", "FULL_AND_PIECEWISE"),
+        _replay_after_wake("piecewise_replay_after_wake", "PIECEWISE"),
     ),
     package=__name__,
     anchors=(

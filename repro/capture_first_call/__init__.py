@@ -15,6 +15,7 @@ from __future__ import annotations
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
 from harness.record import Axes, BugRecord, Expect, Scenario
+from repro.lazy_attn_state import LORA_CASE_AXES
 
 PART = Fix.CAPTURE_PREWARM
 # GPU: torch.cuda.synchronize raises "operation not permitted when stream is capturing" and the
@@ -54,12 +55,7 @@ RECORD = BugRecord(
             "lora_case_capture",
             (Expect(frozenset({PART}), FAILS),),
             timeout_s=300.0,
-            axes=Axes(
-                graph_modes=("FULL_AND_PIECEWISE",),
-                capture_sizes=(4,),
-                steps_per_size=3,
-                adapters=("enabled", "absent"),
-            ),
+            axes=LORA_CASE_AXES,
         ),
         Scenario(
             "piecewise_capture",

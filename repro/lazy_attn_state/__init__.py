@@ -17,6 +17,14 @@ from harness.record import Axes, BugRecord, Expect, Scenario
 
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 
+# A FULL decode graph per specialised LoRA capture case, decode steps in every case
+LORA_CASE_AXES = Axes(
+    graph_modes=("FULL_AND_PIECEWISE",),
+    capture_sizes=(4,),
+    steps_per_size=3,
+    adapters=("enabled", "absent"),
+)
+
 RECORD = BugRecord(
     id="lazy_attn_state",
     title="Lazy attention plan made in warm-up, missing from the CUDA graph",
@@ -52,12 +60,7 @@ RECORD = BugRecord(
             "lora_case_decode_graphs",
             (Expect(frozenset({Fix.FRESH_ATTN_STATE_FOR_CAPTURE}), WRONG),),
             timeout_s=300.0,
-            axes=Axes(
-                graph_modes=("FULL_AND_PIECEWISE",),
-                capture_sizes=(4,),
-                steps_per_size=3,
-                adapters=("enabled", "absent"),
-            ),
+            axes=LORA_CASE_AXES,
         ),
         Scenario(
             "captured_state_consumer",
