@@ -83,7 +83,13 @@ def run(spec: dict, started: float, timings: dict[str, float]) -> dict:
             raise Skip(f"no CUDA device visible to the child (CUDA_VISIBLE_DEVICES={visible})")
         fn = _resolve(spec["target"])
         fixes = frozenset(Fix(n) for n in spec["fixes"])
-        ctx = Context(fixes, spec["device"], spec["seed"], spec.get("payload", ""))
+        ctx = Context(
+            fixes,
+            spec["device"],
+            spec["seed"],
+            spec.get("payload", ""),
+            spec.get("dtype", "float32"),
+        )
         torch.manual_seed(ctx.seed)
         timings["startup_s"] = time.monotonic() - started
         detail = fn(ctx)

@@ -79,6 +79,7 @@ class Job:
     sanitizer: str | None = None  # a compute-sanitizer tool (SANITIZER_TOOLS) to run it under
     env: tuple[tuple[str, str], ...] = ()  # set in a freshly spawned child (detectors)
     payload: str = ""  # handed to the function as Context.payload (a fuzz program, as JSON)
+    dtype: str = "float32"  # handed over as Context.dtype: the runner's dtype
 
     @property
     def limit_s(self) -> float:
@@ -95,6 +96,8 @@ class Job:
         spec = {"target": self.target, "fixes": fixes, "device": self.device, "seed": self.seed}
         if self.payload:
             spec["payload"] = self.payload
+        if self.dtype != "float32":
+            spec["dtype"] = self.dtype
         return {
             "spec": spec,
             "report": str(directory / "report.json"),

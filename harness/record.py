@@ -27,6 +27,7 @@ class Context:
     device: str  # "cpu" (Triton interpreter) or "cuda"
     seed: int = 0
     payload: str = ""  # what the parent handed over besides (a fuzz program, as JSON)
+    dtype: str = "float32"  # the runner's dtype (repro run/check/matrix --dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,9 @@ class Expect:
     why: str = ""
 
 
+# the runner's dtypes (harness.runner.model.DTYPES; float16 is not one: the decoder's integer
+# weights put LoRA logits past float16's largest value, 65504)
+DTYPES = ("float32", "bfloat16")
 GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
 # wake_up() / wake_up([weights]) then wake_up([kv_cache]) / the KV cache first, then weights
 WAKES = ("all at once", "staged", "staged, kv_cache first")

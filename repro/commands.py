@@ -36,7 +36,7 @@ from harness.outcome import (
     Outcome,
     exit_code,
 )
-from harness.record import BugRecord
+from harness.record import DTYPES, BugRecord
 from harness.servers import ENV_SERVER
 from harness.userdir import ENV_SERVER_DIR
 from repro import registry
@@ -77,6 +77,7 @@ def _variant_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
     p.add_argument("--scenario", action="append", default=[], help="only this scenario")
     timeout_option(p)
+    dtype_option(p)
     p.add_argument(
         "--sanitizer",
         nargs="?",
@@ -85,6 +86,16 @@ def _variant_options(p: argparse.ArgumentParser) -> None:
         metavar="TOOL",
         help=f"run children under compute-sanitizer's TOOL ({', '.join(SANITIZER_TOOLS)}; "
         "default memcheck)",
+    )
+
+
+def dtype_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="the runner's dtype: weights, activations, KV cache (scenarios that build no "
+        "runner run as written); default float32",
     )
 
 
@@ -352,6 +363,7 @@ def plan(args: argparse.Namespace) -> Plan:
             capped(s.timeout_s, cap),
             0,
             args.sanitizer,
+            dtype=args.dtype,
         )
         for s in bug.scenarios
         if not args.scenario or s.name in args.scenario

@@ -23,7 +23,15 @@ from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED, Outcome
 from harness.record import BugRecord
 from repro import registry
 from repro import results as documents
-from repro.commands import capped, device_choice, prepare, print_table, time_limit, timeout_option
+from repro.commands import (
+    capped,
+    device_choice,
+    dtype_option,
+    prepare,
+    print_table,
+    time_limit,
+    timeout_option,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument("--jobs", type=int, help="children at once (default: CPU count)")
     timeout_option(m)
+    dtype_option(m)
     m.add_argument("--json", metavar="FILE", help="write results as JSON")
     m.add_argument("--junit", metavar="FILE", help="write results as JUnit XML")
 
@@ -122,7 +131,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         for device in prepare_devices(isolator, wanted):
             for bug in bugs:
                 for fixes in _variants(bug, args.each_part):
-                    jobs = _jobs(bug, fixes, device, args.repeat, time_limit(args))
+                    cap = time_limit(args)
+                    jobs = _jobs(bug, fixes, device, args.repeat, cap, args.dtype)
                     plan += [(bug, job) for job in jobs]
         if not plan:
             print("matrix: nothing could run", file=sys.stderr)
@@ -162,9 +172,18 @@ class _Files:
             self.junit.finish(cells)
 
 
-def _jobs(bug: BugRecord, fixes: Variant, device: str, repeat: int, cap: float | None):
+def _jobs(bug: BugRecord, fixes: Variant, device: str, repeat: int, cap: float | None, dtype: str):
     return [
-        Job(bug.id, s.name, bug.target(s), fixes, device, capped(s.timeout_s, cap), seed)
+        Job(
+            bug.id,
+            s.name,
+            bug.target(s),
+            fixes,
+            device,
+            capped(s.timeout_s, cap),
+            seed,
+            dtype=dtype,
+        )
         for s in bug.scenarios
         for seed in range(repeat)
     ]
@@ -185,7 +204,7 @@ def _progress(records: dict[Job, BugRecord], files: _Files):
         mark = "ok" if cell.ok else f"UNEXPECTED (expected {cell.expected.value})"
         scenario_s = "" if r.scenario_seconds is None else f" (scenario {r.scenario_seconds:.2f}s)"
         print(
-            f"[{done[0]:>3}/{total}] {r.job.bug} {cell.variant} {r.job.device} "
+            f"[{done[0]:>3}/{total}] {r.job.bug} {cell.variant} {_where(r.job)} "
             f"{r.job.scenario}: {r.outcome.value} {mark} {r.seconds:.1f}s{scenario_s}",
             flush=True,
         )
@@ -193,12 +212,17 @@ def _progress(records: dict[Job, BugRecord], files: _Files):
     return show
 
 
+def _where(job: Job) -> str:
+    """The device, and the runner's dtype when it is not float32."""
+    return job.device if job.dtype == "float32" else f"{job.device} {job.dtype}"
+
+
 def print_summary(cells: list[Cell], seconds: float) -> None:
     """One row per (bug, variant, device, scenario); repeats are counted, not listed."""
     groups: dict[tuple[str, ...], list[Cell]] = {}
     for c in cells:
         j = c.result.job
-        groups.setdefault((j.bug, c.variant, j.device, j.scenario, c.expected.value), []).append(c)
+        groups.setdefault((j.bug, c.variant, _where(j), j.scenario, c.expected.value), []).append(c)
     rows = [("bug", "variant", "device", "scenario", "expected", "outcomes", "")]
     for key, group in groups.items():
         counts = Counter(c.result.outcome.value for c in group)
@@ -211,5 +235,5 @@ def print_summary(cells: list[Cell], seconds: float) -> None:
     print(f"\n{ok}/{len(cells)} runs as expected in {seconds:.1f}s")
     for c in [c for c in cells if not c.ok][:10]:
         j = c.result.job
-        print(f"\nUNEXPECTED {j.bug} {c.variant} {j.device} {j.scenario} seed {j.seed}:")
+        print(f"\nUNEXPECTED {j.bug} {c.variant} {_where(j)} {j.scenario} seed {j.seed}:")
         print("    " + c.result.evidence.replace("\n", "\n    "))

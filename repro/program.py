@@ -50,6 +50,7 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
     return RunnerConfig(
         ctx.device,
         ctx.fixes,
+        dtype=ctx.dtype,
         model=ModelConfig(max_loras=config["max_loras"]),
         max_num_tokens=MAX_TOKENS,
         max_num_reqs=MAX_REQS,

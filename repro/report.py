@@ -63,8 +63,10 @@ def _grid(docs: list[dict]) -> tuple[list[tuple[str, str]], list[tuple[str, str]
 
 
 def _where(run: dict) -> str:
-    """The device, and the detector where the run was one of `repro detectors`'."""
-    return f"{run['device']} {run['detector']}" if "detector" in run else run["device"]
+    """The device (and the runner's dtype when not float32), and the detector where the run was
+    one of `repro detectors`'."""
+    where = run["device"] + ("" if run.get("dtype", "float32") == "float32" else f" {run['dtype']}")
+    return f"{where} {run['detector']}" if "detector" in run else where
 
 
 def _unexpected(run: dict) -> bool:

@@ -101,6 +101,7 @@ def result_json(r: Result, bug: BugRecord | None = None) -> dict:
         "variant": describe(r.job.fixes, bug.fix_parts),
         "fixes_off": sorted(f.value for f in ALL_FIXES - r.job.fixes),
         "device": r.job.device,
+        "dtype": r.job.dtype,
         "gpu": r.gpu,
         "outcome": r.outcome.value,
         "expected": bug.scenario(r.job.scenario).expected(r.job.fixes, r.job.device).value,

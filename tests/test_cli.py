@@ -114,6 +114,8 @@ def entry_point(*argv: str, env: dict[str, str] | None = None) -> subprocess.Com
         (["mutants", "--jobs", "0"], {}, "--jobs must be at least 1"),
         (["mutants", "--mutant", "nope"], {}, "no mutant 'nope'; mutants:"),
         (["mutants", "no_such_bug"], {}, "unknown bug id"),
+        (["matrix", "--dtype", "float16"], {}, "--dtype: invalid choice: 'float16'"),
+        (["check", "moe_align_grid", "--dtype", "fp8"], {}, "--dtype: invalid choice: 'fp8'"),
     ],
 )
 def test_usage_error_exits_2_with_one_line_and_no_torch(argv, env, message) -> None:
@@ -189,6 +191,20 @@ def test_run_json(capsys, device) -> None:
     assert row["outcome"] == row["expected"] == "wrong_result"
     assert row["fixes_off"] == ["moe_align_oob_guard"]
     assert "canary overwritten in rows [5]" in row["evidence"]
+
+
+@pytest.mark.lora_graph_capture
+@pytest.mark.parametrize(
+    ("variant", "code", "outcome"), [("fixed", 0, "pass"), ("buggy", 1, "wrong_result")]
+)
+def test_run_in_bfloat16(capsys, device, variant, code, outcome) -> None:
+    argv = ["lora_graph_capture", "--variant", variant, "--scenario", "full_graphs"]
+    got, out, _ = repro(capsys, "run", *argv, "--device", device, "--dtype", "bfloat16", "--json")
+    doc = json.loads(out)
+    validate(doc)
+    [row] = doc["results"]
+    assert got == code and row["outcome"] == row["expected"] == outcome, row["evidence"]
+    assert row["dtype"] == "bfloat16"
 
 
 def test_matrix_writes_json_and_junit(capsys, device, tmp_path) -> None:

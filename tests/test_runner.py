@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness import record
 from harness.fixes import ALL_FIXES, Fix
 from harness.oracle import close, step_problems
 from harness.reference import step_reference
@@ -13,6 +14,7 @@ from harness.runner.cudagraph import BatchExecutionDescriptor, CUDAGraphMode
 from harness.runner.flashmla import DraftAttention, FlashMLABackend, FlashMLASchedMeta
 from harness.runner.input_batch import InputBuffers, Request
 from harness.runner.lora import LoRAKernelMeta, LoRAMapping, LoRAModelManager, convert_mapping
+from harness.runner.model import DTYPES
 from harness.runner.model_runner import ModelRunner, RunnerConfig
 
 INT32_MAX = torch.iinfo(torch.int32).max
@@ -82,10 +84,15 @@ def test_dummy_branch_fix_parts(device, fixes, flag, active) -> None:
             assert state == (flag, active)
 
 
-def test_eager_step_matches_reference_and_every_lora_changes_it(device) -> None:
-    runner = ModelRunner(RunnerConfig(device))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_eager_step_matches_reference_and_every_lora_changes_it(device, dtype) -> None:
+    runner = ModelRunner(RunnerConfig(device, dtype=dtype))
     runner.add_lora(4, seed=9)
     out = runner.execute_model(MIXED, use_cudagraph=False)
+    want = getattr(torch, dtype)
+    m, kv = runner.model, runner.kv_cache
+    held = [m.embed, m.head, m.mlp, m.experts, *m.attn[0], m.expert_a, m.head_b, *kv.k_caches]
+    assert {t.dtype for t in (*held, out.hidden_states, out.logits)} == {want}
     hidden, logits = step_reference(runner, MIXED)
     assert not any(step_problems("mixed", out, (hidden, logits)))
     model = runner.model
@@ -94,6 +101,12 @@ def test_eager_step_matches_reference_and_every_lora_changes_it(device) -> None:
         getattr(model, name).zero_()
         assert close(name, out.logits, step_reference(runner, MIXED)[1]), f"{name} unseen"
         getattr(model, name).copy_(saved)
+
+
+def test_the_runners_dtypes_are_the_clis_and_float16_is_refused(device) -> None:
+    assert DTYPES == record.DTYPES
+    with pytest.raises(ValueError, match="dtype 'float16': the runner runs in float32, bfloat16"):
+        ModelRunner(RunnerConfig(device, dtype="float16"))
 
 
 @pytest.mark.lora_dummy_run
@@ -125,9 +138,11 @@ def _descs(runner: ModelRunner) -> set[tuple]:
     return {(d.cg_mode.value, d.num_tokens, d.num_reqs, d.uniform_decode) for d in graphs}
 
 
-def test_full_and_piecewise_capture_and_dispatch(device) -> None:
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_full_and_piecewise_capture_and_dispatch(device, dtype) -> None:
     mode = CUDAGraphMode.FULL_AND_PIECEWISE
-    runner = ModelRunner(RunnerConfig(device, cudagraph_mode=mode, cudagraph_sizes=(4, 16)))
+    config = RunnerConfig(device, cudagraph_mode=mode, cudagraph_sizes=(4, 16), dtype=dtype)
+    runner = ModelRunner(config)
     runner.add_lora(4, seed=9)
     runner.capture_model()
     assert _descs(runner) == {

@@ -106,7 +106,8 @@ class DraftAttention:
 
     def forward(self, state: FlashMLASchedMeta, x: DraftInputs) -> torch.Tensor:
         rows, width = x.hidden.shape
-        query = torch.empty(rows, self.num_heads, width // self.num_heads, device=x.hidden.device)
+        shape = (rows, self.num_heads, width // self.num_heads)
+        query = torch.empty(shape, dtype=x.hidden.dtype, device=x.hidden.device)
         self.launch(self.normalize, x.hidden, query.view(rows, width))
         out, scale = torch.empty_like(query), (width // self.num_heads) ** -0.5
         self.backend.forward(

@@ -47,13 +47,14 @@ class KVCache:
         max_num_tokens: int,
         max_model_len: int,
         pools: TaggedPools,
+        dtype: torch.dtype = torch.float32,
         seed: int = 0,
     ) -> None:
         self.block_sizes, self.num_blocks = block_sizes, num_blocks
         self.max_model_len, self.seed = max_model_len, seed
         shape = lambda size: (num_blocks, size, num_heads, head_dim)
-        self.k_caches = [pools.zeros(TAG, shape(size), torch.float32) for size in block_sizes]
-        self.v_caches = [pools.zeros(TAG, shape(size), torch.float32) for size in block_sizes]
+        self.k_caches = [pools.zeros(TAG, shape(size), dtype) for size in block_sizes]
+        self.v_caches = [pools.zeros(TAG, shape(size), dtype) for size in block_sizes]
         self.block_tables = BlockTables(
             block_sizes, max_num_reqs, max_num_tokens, max_model_len, pools
         )

@@ -15,7 +15,9 @@ CUDA C++ on the GPU, its Triton twin on the CPU), the fused shrink that consumes
 outputs, an expand.
 LM head: logits[r] = h[logits_indices[r]] @ head.T + scale * (h @ A.T) @ B.T with the request's
 adapter (the punica wrapper's prompt mapping). Base weights and adapters are small integers.
-All device work goes through `launch`.
+Weights, activations and the KV cache are in the runner's dtype (float32, bfloat16 or float16:
+kernels accumulate in float32 and round each store once; the LoRA shrink buffers stay float32,
+as upstream's). All device work goes through `launch`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ from harness.runner.lora import MoEConfig, PunicaWrapper
 from kernels.paged_attention import paged_attention, reshape_and_cache
 
 EPS = 1e-6
+# the runner's dtypes, by torch's names (harness.record.DTYPES, for the CLI, is the same tuple).
+# Not float16: the integer weights put LoRA logits past its largest value (65504)
+DTYPES = ("float32", "bfloat16")
+
+
+def model_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r}: the runner runs in {', '.join(DTYPES)}")
+    return getattr(torch, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +78,11 @@ class TinyLoRADecoder:
         config: ModelConfig,
         device: str,
         place: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        dtype: str = "float32",
     ) -> None:
         """`place` puts a base weight where it lives (default: on `device`)."""
         c = config
-        self.config, self.device = config, device
+        self.config, self.device, self.dtype = config, device, model_dtype(dtype)
         place = place or (lambda t: t.to(device))
         weights = self._seeded_weights()
         self.embed, self.head = place(weights["embed"]), place(weights["head"])
@@ -80,7 +92,7 @@ class TinyLoRADecoder:
         self.decode_backend: FlashMLABackend | None = None  # set by the runner's config
         self.moe = MoEConfig()  # set by the runner: align backend and fix switches
         self.cache_write_warps = 4  # the KV-cache write's launch config (the runner tunes it)
-        zeros = lambda *shape: torch.zeros(*shape, device=device)
+        zeros = lambda *shape: torch.zeros(*shape, dtype=self.dtype, device=device)
         # LoRA weights stacked per slice (or expert) and slot, filled in place by load_lora
         k, width, r = self.LAYER_SLICES, c.hidden_size // self.LAYER_SLICES, c.max_lora_rank
         L, E, H = c.max_loras, c.num_experts, c.hidden_size
@@ -98,17 +110,20 @@ class TinyLoRADecoder:
         experts = _ints(gen, c.num_experts, c.hidden_size, c.hidden_size)
         head = _ints(gen, c.vocab_size, c.hidden_size)
         attn = [
-            [torch.randn(c.hidden_size, c.hidden_size, generator=gen) * 0.25 for _ in range(4)]
+            [
+                (torch.randn(c.hidden_size, c.hidden_size, generator=gen) * 0.25).to(self.dtype)
+                for _ in range(4)
+            ]
             for _ in range(2)
         ]
         router = torch.stack(
             [torch.randperm(c.num_experts, generator=gen)[: c.top_k] for _ in range(c.vocab_size)]
         ).to(torch.int32)
         return {
-            "embed": embed,
-            "mlp": mlp,
-            "experts": experts,
-            "head": head,
+            "embed": embed.to(self.dtype),
+            "mlp": mlp.to(self.dtype),
+            "experts": experts.to(self.dtype),
+            "head": head.to(self.dtype),
             "attn": attn,
             "router": router,
         }
@@ -163,9 +178,9 @@ class TinyLoRADecoder:
         h = self._mlp(self._attention(0, h, attn, launch), wrappers, launch)
         h = self._moe(self._attention(1, h, attn, launch), batch.input_ids, wrappers, launch)
         rows = batch.logits_indices.shape[0]
-        sample = torch.empty(rows, c.hidden_size, device=self.device)
+        sample = torch.empty(rows, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(torch.index_select, h, 0, batch.logits_indices, out=sample)
-        logits = torch.empty(rows, c.vocab_size, device=self.device)
+        logits = torch.empty(rows, c.vocab_size, dtype=self.dtype, device=self.device)
         launch(torch.mm, sample, self.head.T, out=logits)
         if wrappers is not None:
             buffer = torch.empty(1, rows, c.max_lora_rank, device=self.device)
@@ -176,11 +191,11 @@ class TinyLoRADecoder:
 
     def _embed(self, input_ids, wrappers, launch: Launcher) -> torch.Tensor:
         c, n = self.config, input_ids.shape[0]
-        h = torch.empty(n, c.hidden_size, device=self.device)
+        h = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
         if wrappers is None:
             launch(_embed_base, input_ids, self.embed, h)
             return h
-        a_rows = torch.empty(1, n, c.max_lora_rank, device=self.device)
+        a_rows = torch.empty(1, n, c.max_lora_rank, dtype=self.dtype, device=self.device)
         offsets = wrappers[0].embeddings_indices[1, :n]
         launch(_embed, input_ids, offsets, self.embed, self.embed_a, h, a_rows)
         wrappers[0].add_lora_embedding(h, a_rows, self.embed_b, launch)
@@ -188,7 +203,7 @@ class TinyLoRADecoder:
 
     def _mlp(self, h, wrappers, launch: Launcher) -> torch.Tensor:
         c, n = self.config, h.shape[0]
-        y = torch.empty(n, c.hidden_size, device=self.device)
+        y = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(torch.mm, h, self.mlp.T, out=y)
         if wrappers is not None:
             buffer = torch.empty(self.LAYER_SLICES, n, c.max_lora_rank, device=self.device)
@@ -200,7 +215,7 @@ class TinyLoRADecoder:
         c, n = self.config, h.shape[0]
         topk_ids = torch.empty(n, c.top_k, dtype=torch.int32, device=self.device)
         launch(torch.index_select, self.router, 0, input_ids, out=topk_ids)
-        y = torch.empty(n, c.hidden_size, device=self.device)
+        y = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(_experts, h, self.experts, topk_ids, y)
         if wrappers is not None:
             wrappers[2].add_lora_fused_moe(
@@ -220,14 +235,16 @@ class TinyLoRADecoder:
     def _attention(self, i: int, h, attn: AttentionMetadata, launch: Launcher) -> torch.Tensor:
         c, n = self.config, h.shape[0]
         heads, dim = c.num_heads, c.hidden_size // c.num_heads
-        normed = torch.empty(n, c.hidden_size, device=self.device)
+        normed = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(rms_norm, h, normed)
-        q, k, v, o = (torch.empty(n, heads, dim, device=self.device) for _ in range(4))
+        q, k, v, o = (
+            torch.empty(n, heads, dim, dtype=self.dtype, device=self.device) for _ in range(4)
+        )
         wq, wk, wv, wo = self.attn[i]
         for out, w in ((q, wq), (k, wk), (v, wv)):
             launch(torch.mm, normed, w.T, out=out.view(n, c.hidden_size))
         launch.outside_graph(self.attention_op, i, q, k, v, o, attn, launch)
-        out = torch.empty(n, c.hidden_size, device=self.device)
+        out = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(torch.addmm, h, o.view(n, c.hidden_size), wo.T, out=out)
         return out
 

@@ -55,6 +55,7 @@ class RunnerConfig:
     device: str
     fixes: Variant = ALL_FIXES
     model: ModelConfig = field(default_factory=ModelConfig)
+    dtype: str = "float32"  # weights, activations and KV cache (harness.runner.model.DTYPES)
     max_num_tokens: int = 32
     max_num_reqs: int = 8
     cudagraph_mode: CUDAGraphMode = FULL
@@ -90,7 +91,9 @@ class ModelRunner:
         self.pools = pools or make_pools(self.device)
         self.launch = Launcher()
         self.input_buffers = InputBuffers(c.max_num_tokens, c.max_num_reqs, self.device)
-        self.model = TinyLoRADecoder(m, self.device, lambda t: self.pools.adopt("weights", t))
+        self.model = TinyLoRADecoder(
+            m, self.device, lambda t: self.pools.adopt("weights", t), c.dtype
+        )
         self.kv_cache = KVCache(
             c.block_sizes,
             c.num_kv_blocks,
@@ -100,6 +103,7 @@ class ModelRunner:
             c.max_num_tokens,
             c.max_model_len,
             self.pools,
+            self.model.dtype,
             m.seed,
         )
         self.model.moe = MoEConfig(
@@ -331,8 +335,9 @@ class ModelRunner:
         if key in self.tuned:
             return
         m = self.config.model
-        kv = torch.zeros(4, m.num_heads, m.hidden_size // m.num_heads, device=self.device)
-        cache = torch.zeros(4, 1, *kv.shape[1:], device=self.device)
+        dim = m.hidden_size // m.num_heads
+        kv = torch.zeros(4, m.num_heads, dim, dtype=self.model.dtype, device=self.device)
+        cache = torch.zeros(4, 1, *kv.shape[1:], dtype=kv.dtype, device=self.device)
         slots = torch.arange(4, device=self.device)
         seconds = {}
         for warps in (1, 4):

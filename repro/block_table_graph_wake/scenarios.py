@@ -82,7 +82,12 @@ def piecewise_replay_after_wake(ctx: Context) -> str:
 
 def _replay_after_wake(ctx: Context, mode: CUDAGraphMode, cycles) -> str:
     config = RunnerConfig(
-        ctx.device, ctx.fixes, enable_lora=False, cudagraph_mode=mode, tables_in_graph=True
+        ctx.device,
+        ctx.fixes,
+        dtype=ctx.dtype,
+        enable_lora=False,
+        cudagraph_mode=mode,
+        tables_in_graph=True,
     )
     worker = Worker(config)
     runner = worker.model_runner

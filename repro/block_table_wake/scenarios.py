@@ -46,7 +46,9 @@ def generate_sleep_wake_generate(ctx: Context) -> str:
     pointer (0xFFFF...): illegal address on the GPU; on the CPU the interpreter's wild read
     kills the child with SIGSEGV (already at the first step, after the wake before serving).
     """
-    worker = Worker(RunnerConfig(ctx.device, ctx.fixes, enable_lora=False, max_model_len=32))
+    worker = Worker(
+        RunnerConfig(ctx.device, ctx.fixes, dtype=ctx.dtype, enable_lora=False, max_model_len=32)
+    )
     runner = worker.model_runner
     tables = runner.kv_cache.block_tables.block_tables
     addresses = [t.data_ptr() for t in tables]

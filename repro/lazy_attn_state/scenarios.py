@@ -24,6 +24,7 @@ def decode_runner(ctx: Context, mode: CUDAGraphMode, draft: bool = False, **conf
         RunnerConfig(
             ctx.device,
             ctx.fixes,
+            dtype=ctx.dtype,
             cudagraph_mode=mode,
             decode_backend="flashmla",
             draft_attention=draft,

@@ -40,7 +40,7 @@ BATCHES = (
 
 def lora_runner(ctx: Context, **config) -> ModelRunner:
     """A runner with LoRA enabled and two adapters loaded (ids 1 and 2), no mapping set yet."""
-    runner = ModelRunner(RunnerConfig(ctx.device, ctx.fixes, **config))
+    runner = ModelRunner(RunnerConfig(ctx.device, ctx.fixes, dtype=ctx.dtype, **config))
     runner.add_lora(1, seed=ctx.seed + 11)
     runner.add_lora(2, seed=ctx.seed + 12)
     return runner
@@ -85,7 +85,9 @@ def dummy_run_before_mapping(ctx: Context) -> str:
     mapping skipped while no adapter is loaded, or sized for the capture sizes rather than
     the dummy batch, leaves the same poisoned offsets (the first run shows both).
     """
-    runner = ModelRunner(RunnerConfig(ctx.device, ctx.fixes, cudagraph_mode=CUDAGraphMode.NONE))
+    runner = ModelRunner(
+        RunnerConfig(ctx.device, ctx.fixes, dtype=ctx.dtype, cudagraph_mode=CUDAGraphMode.NONE)
+    )
     problems = _dummy_matches_base(runner, runner.config.max_num_tokens, DUMMY_REQS, "no adapter")
     runner.add_lora(1, seed=ctx.seed + 11)
     runner.add_lora(2, seed=ctx.seed + 12)

@@ -320,7 +320,9 @@ def runner_mixed_batch(ctx: Context) -> str:
     from harness.runner.input_batch import Request
     from harness.runner.model_runner import ModelRunner, RunnerConfig
 
-    runner = ModelRunner(RunnerConfig(ctx.device, ctx.fixes, cudagraph_mode=CUDAGraphMode.NONE))
+    runner = ModelRunner(
+        RunnerConfig(ctx.device, ctx.fixes, dtype=ctx.dtype, cudagraph_mode=CUDAGraphMode.NONE)
+    )
     runner.add_lora(1, seed=ctx.seed + 11)
     runner.add_lora(2, seed=ctx.seed + 12)
     requests = [Request("a", (2, 4, 6), 0), Request("b", (8, 9), 1), Request("c", (10, 12, 14), 2)]

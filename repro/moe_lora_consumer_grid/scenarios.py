@@ -196,7 +196,7 @@ def runner_mixed_batch(ctx: Context) -> str:
     from harness.runner.input_batch import Request
     from harness.runner.model_runner import ModelRunner, RunnerConfig
 
-    config = RunnerConfig(ctx.device, ctx.fixes, cudagraph_mode=CUDAGraphMode.FULL)
+    config = RunnerConfig(ctx.device, ctx.fixes, dtype=ctx.dtype, cudagraph_mode=CUDAGraphMode.FULL)
     runner = ModelRunner(config)
     runner.add_lora(1, seed=ctx.seed + 11)
     runner.add_lora(2, seed=ctx.seed + 12)
@@ -243,6 +243,7 @@ def adapter_states_batches(ctx: Context, mode: str) -> str:
     config = RunnerConfig(
         ctx.device,
         ctx.fixes,
+        dtype=ctx.dtype,
         model=ModelConfig(max_loras=3),
         cudagraph_mode=CUDAGraphMode[mode],
         cudagraph_sizes=(8, 16),
