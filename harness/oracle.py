@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # a scenario that never builds the runner must not import it 
 # of the largest expected magnitude, by the dtype the runner computed in: float32 rounding
 # through attention; bfloat16's (8 significant bits, each store rounded once, float32
 # accumulation) through the decoder's two layers: the fixed variants' worst measured 1.2e-2 on
-# the CPU (the interpreter truncates to bfloat16) and ? on an H100
+# the CPU (the interpreter truncates to bfloat16) and 8.6e-3 on an H100 (2026-11-24)
 RTOL = {torch.float64: 1e-4, torch.float32: 1e-4, torch.bfloat16: 4e-2}
 
 
