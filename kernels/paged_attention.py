@@ -26,6 +26,7 @@ from kernels import FLOAT_DTYPES, require_dtype
 
 BLOCK_P = 32
 FP8_KV_CACHE = torch.float8_e4m3fn  # upstream's current_platform.fp8_dtype() on CUDA
+FP8_MIN_ARCH = 89  # Triton's fp8e4nv (e4m3) exists from sm_89 on
 
 
 def reshape_and_cache_reference(
@@ -67,6 +68,19 @@ def paged_attention_reference(
     return out
 
 
+def require_fp8_support(device: torch.device) -> None:
+    """An fp8 (e4m3) cache on a GPU before sm_89 is refused here, with the reason: Triton has no
+    fp8e4nv there (it would fail compiling, with a message about its own type names)."""
+    if device.type != "cuda":
+        return  # the interpreter emulates e4m3 (tests/dtypes.py: its rounding differs)
+    major, minor = torch.cuda.get_device_capability(device)
+    if major * 10 + minor < FP8_MIN_ARCH:
+        raise ValueError(
+            f"an fp8 (e4m3) KV cache needs sm_{FP8_MIN_ARCH} or later (Triton's fp8e4nv); "
+            f"this GPU is sm_{major}{minor}"
+        )
+
+
 def kv_scale_args(
     dtype: torch.dtype,
     k_cache: torch.Tensor,
@@ -81,6 +95,7 @@ def kv_scale_args(
     if k_cache.dtype != FP8_KV_CACHE:
         assert k_scale is None and v_scale is None, "scales apply to an fp8 KV cache only"
         return k_cache, v_cache
+    require_fp8_support(k_cache.device)
     for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
         assert s is not None, f"an fp8 KV cache needs {name}"
         assert s.dtype == torch.float32 and s.numel() == 1, f"{name}: one float32 element"

@@ -268,7 +268,6 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
 # The fp8 (e4m3) KV cache: Triton has fp8e4nv from sm_89 on only; for sm_80 it refuses the type
 # ("type fp8e4nv not supported in this architecture. The supported fp8 dtypes are ('fp8e4b15',
 # 'fp8e5')"), so these launches are compiled for sm_90 and skipped for sm_80
-FP8_MIN_ARCH = 89
 FP8_SHAPES: list[tuple[str, Callable[[], None]]] = [
     (
         "attention, 32 heads x 128, 32768 tokens, 64 parts, bf16, fp8 cache",
@@ -279,6 +278,8 @@ FP8_SHAPES: list[tuple[str, Callable[[], None]]] = [
 
 def check(arch: int, out=sys.stdout) -> list[str]:
     """Compile every launch of every shape for sm_`arch`; the violations (empty: all fit)."""
+    from kernels.paged_attention import FP8_MIN_ARCH
+
     limit, problems, shapes = SHARED_LIMIT[arch], [], SHAPES
     if arch >= FP8_MIN_ARCH:
         shapes = SHAPES + FP8_SHAPES

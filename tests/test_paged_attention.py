@@ -13,6 +13,7 @@ from kernels.paged_attention import (
     FP8_KV_CACHE,
     paged_attention,
     paged_attention_reference,
+    require_fp8_support,
     reshape_and_cache,
     reshape_and_cache_reference,
 )
@@ -180,3 +181,19 @@ def test_launchers_refuse_caches_they_cannot_serve(device) -> None:
         reshape_and_cache(
             key, key, cache(key.dtype), cache(key.dtype), slots, k_scale=scale, v_scale=scale
         )
+
+
+@pytest.mark.parametrize(
+    ("capability", "refused"), [((8, 0), True), ((8, 9), False), ((9, 0), False)]
+)
+def test_an_fp8_cache_is_refused_before_sm_89(monkeypatch, capability, refused) -> None:
+    """Triton has no fp8e4nv before sm_89: the launcher says so (no GPU needed: the capability is
+    what the check reads)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    sm = "sm_{}{}".format(*capability)
+    if refused:
+        with pytest.raises(ValueError, match=f"needs sm_89 or later .*this GPU is {sm}"):
+            require_fp8_support(torch.device("cuda"))
+    else:
+        require_fp8_support(torch.device("cuda"))
+    require_fp8_support(torch.device("cpu"))  # the interpreter: never refused
