@@ -39,6 +39,8 @@ SHRINK_S = 90.0  # at most this long shrinking after a find (then the smallest s
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from repro.commands import dtype_option
+
     f = sub.add_parser(
         "fuzz",
         help="stateful differential fuzzer of the runner: exit 0 nothing found, 1 found",
@@ -48,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--variant", choices=("fixed", "buggy"), help="default fixed")
     f.add_argument("--without", action="append", default=[], metavar="PART")
     f.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
+    dtype_option(f)
     f.add_argument("--budget", type=float, default=60.0, help="seconds of search (default 60)")
     f.add_argument(
         "--seed",
@@ -227,6 +230,7 @@ class Search:
     device: str
     budget_s: float
     shrink_s: float = SHRINK_S
+    dtype: str = "float32"  # the runner's
     started: float = field(default_factory=time.monotonic)
     examples: int = 0
     to_find: int = 0  # programs run up to the find
@@ -247,6 +251,7 @@ class Search:
             EXAMPLE_TIMEOUT_S,
             0,
             payload=payload,
+            dtype=self.dtype,
         )
 
     def attempt(self, program: dict) -> str | None:
@@ -275,7 +280,7 @@ class Search:
             self.broken = (
                 f"the fixed runner fails this program too ({self.fixed_fails(program)}): a defect "
                 "of the runner or of the fuzzer's oracle, not of the parts switched off:\n"
-                f"repro fuzz --device {self.device} --replay "
+                f"repro fuzz --device {self.device}{_dtype_words(self.dtype)} --replay "
                 f"{shlex.quote(json.dumps(program, separators=(',', ':')))}\n{result.evidence}"
             )
         elif result.outcome.is_failure:
@@ -392,8 +397,13 @@ def replay_command(args: argparse.Namespace, device: str, program: dict) -> str:
         words += ["--variant", args.variant]
     for part in args.without:
         words += ["--without", part]
-    words += ["--device", device, "--replay", json.dumps(program, separators=(",", ":"))]
+    words += ["--device", device, *_dtype_words(args.dtype).split()]
+    words += ["--replay", json.dumps(program, separators=(",", ":"))]
     return shlex.join(words)
+
+
+def _dtype_words(dtype: str) -> str:
+    return "" if dtype == "float32" else f" --dtype {dtype}"
 
 
 def _seeds(text: str) -> list[int]:
@@ -423,7 +433,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
         writable(args.json, "--json")
     cap = time_limit(args)
-    label = f"fuzz [{describe(fixes, _parts(args))}, {device}]"
+    where = device if args.dtype == "float32" else f"{device} {args.dtype}"
+    label = f"fuzz [{describe(fixes, _parts(args))}, {where}]"
     docs, codes = [], []
     with Isolator() as isolator:
         isolator.warm(device)
@@ -433,7 +444,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             return EXIT_CANNOT_TEST
         for seed in [None] if program is not None else seeds:
             budget = min(args.budget, cap or args.budget)
-            s = Search(isolator, fixes, device, budget, args.shrink)
+            s = Search(isolator, fixes, device, budget, args.shrink, dtype=args.dtype)
             if program is not None:
                 s.examples = s.to_find = 1
                 first = isolator.run(s.job(program))
