@@ -174,7 +174,8 @@ def lora_expand(
     )
 
 
-# NOTE: sizes that bound loops are constexpr (Triton 3.6's interpreter, see moe_lora_align.py).
+# NOTE: sizes that bound loops are constexpr (Triton 3.6's interpreter, see moe_lora_align.py);
+# the others are runtime values, so that a new output width compiles nothing new.
 
 
 @triton.jit
@@ -205,7 +206,7 @@ def _rows_times_lora(
     rows,
     valid,
     pid_n,
-    N: tl.constexpr,
+    N,
     K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -277,8 +278,8 @@ def _lora_expand_kernel(
     m_tiles,
     max_loras,
     buf_slice_stride,
-    OUT_DIM: tl.constexpr,
-    WIDTH: tl.constexpr,
+    out_dim,
+    width,
     RANK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -290,20 +291,20 @@ def _lora_expand_kernel(
     if lora_id == -1:
         return
     s = tl.program_id(1).to(tl.int64)
-    w = w_ptr + (s * max_loras + lora_id) * WIDTH * RANK
+    w = w_ptr + (s * max_loras + lora_id) * width * RANK
     acc, cols = _rows_times_lora(
         buf_ptr + s * buf_slice_stride,
         w,
         rows,
         valid,
         pid_n,
-        WIDTH,
+        width,
         RANK,
         BLOCK_M,
         BLOCK_N,
         BLOCK_K,
     )
-    out = y_ptr + rows[:, None] * OUT_DIM + s * WIDTH + cols[None, :]
-    mask = valid[:, None] & (cols[None, :] < WIDTH)
+    out = y_ptr + rows[:, None] * out_dim + s * width + cols[None, :]
+    mask = valid[:, None] & (cols[None, :] < width)
     value = tl.load(out, mask=mask, other=0.0).to(tl.float32) + acc
     tl.store(out, value.to(y_ptr.dtype.element_ty), mask=mask)
