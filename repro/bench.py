@@ -30,8 +30,7 @@ from harness.fixes import ALL_FIXES, UsageError
 from harness.isolate import Isolator, Job
 from harness.servers import ENV_SERVER
 from harness.userdir import ENV_SERVER_DIR
-from repro.commands import device_choice, print_table, unavailable
-from repro.matrix import writable
+from repro.common import device_choice, print_table, unavailable, writable
 
 CHECK = ("check", "lora_dummy_run", "--scenario", "dummy_run_before_mapping")
 
@@ -41,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
     b.add_argument("--repeat", type=int, default=3, metavar="N")
     b.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    b.set_defaults(run=cmd_bench)
 
 
 def _timed(argv: list[str], env: dict[str, str]) -> float:

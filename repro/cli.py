@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def run_alone(bug_id: str) -> None:
-    """`python -m repro.<bug> [matrix options]`: its fixed and buggy variants side by side."""
+    """`python -m repro.bugs.<bug> [matrix options]`: its fixed and buggy variants side by side."""
     main(["matrix", "--bug", bug_id, *sys.argv[1:]])
 
 

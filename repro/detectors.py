@@ -40,8 +40,15 @@ from harness.outcome import ENV_ORACLE, EXIT_CANNOT_TEST, EXIT_INTERRUPTED, Outc
 from harness.record import BugRecord
 from repro import registry
 from repro import results as documents
-from repro.commands import capped, print_table, time_limit, timeout_option
-from repro.matrix import devices_wanted, prepare_devices, writable
+from repro.common import (
+    capped,
+    devices_wanted,
+    prepare_devices,
+    print_table,
+    time_limit,
+    timeout_option,
+    writable,
+)
 
 NO_CACHING = ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
 DSA_MISSING = "Compile with `TORCH_USE_CUDA_DSA`"  # torch appends it where DSA is not built in
@@ -102,6 +109,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     timeout_option(d)
     d.add_argument("--json", metavar="FILE", help="write every run as JSON (repro-results/1)")
     d.add_argument("--markdown", metavar="FILE", help="write the table as Markdown (the README's)")
+    d.set_defaults(run=cmd_detectors)
 
 
 @dataclass(frozen=True, slots=True)

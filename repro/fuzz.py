@@ -39,7 +39,7 @@ SHRINK_S = 90.0  # at most this long shrinking after a find (then the smallest s
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from repro.commands import dtype_option
+    from repro.common import dtype_option
 
     f = sub.add_parser(
         "fuzz",
@@ -65,6 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     f.add_argument("--json", metavar="FILE", help="write the finding (or none) as JSON")
     f.add_argument("--replay", metavar="PROGRAM", help="run one program (JSON, or @FILE) once")
+    f.set_defaults(run=cmd_fuzz)
 
 
 def variant(args: argparse.Namespace) -> Variant:
@@ -418,7 +419,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from repro.commands import device_choice, prepare, time_limit
+    from repro.common import device_choice, prepare, time_limit
 
     fixes = variant(args)
     program = _program(args.replay) if args.replay is not None else None
@@ -429,7 +430,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name} takes seconds > 0, got {value}")
     device = devices.resolve(device_choice(args.device))
     if args.json:
-        from repro.matrix import writable
+        from repro.common import writable
 
         writable(args.json, "--json")
     cap = time_limit(args)
@@ -469,7 +470,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def _table(label: str, docs: list[dict]) -> None:
-    from repro.commands import print_table
+    from repro.common import print_table
 
     rows = [("seed", "found", "class", "seconds to find", "programs to find", "operations")]
     for d in docs:
@@ -493,7 +494,7 @@ def _parts(args: argparse.Namespace) -> tuple:
 
 
 def _report(args, label: str, device: str, seed, s: Search, again) -> tuple[int, dict]:
-    from repro import commands
+    from repro import common
 
     elapsed = time.monotonic() - s.started
     doc = {
@@ -509,7 +510,7 @@ def _report(args, label: str, device: str, seed, s: Search, again) -> tuple[int,
     ):
         why = s.broken or f"{s.outcome.value}: {s.best[1] if s.best else ''}"
         print(f"{label}: cannot test: {why.splitlines()[0] if why else ''}")
-        print(commands.evidence_lines(why))
+        print(common.evidence_lines(why))
         code = EXIT_CANNOT_TEST
     elif s.best is None or not s.outcome.is_failure:
         print(f"{label}: nothing found: {s.examples} programs in {elapsed:.0f}s (seed {seed})")
@@ -527,7 +528,7 @@ def _report(args, label: str, device: str, seed, s: Search, again) -> tuple[int,
         print(f"  config: {json.dumps(program['config'])}")
         for i, op in enumerate(program["ops"]):
             print(f"  {i:2d}. {describe_op(op)}")
-        print(commands.evidence_lines(evidence, "    "))
+        print(common.evidence_lines(evidence, "    "))
         command = replay_command(args, device, program)
         print(f"  replay: {command}")
         code = EXIT_PRESENT if confirmed else EXIT_CANNOT_TEST

@@ -8,29 +8,26 @@ interrupted (the summary and the files still cover what finished), 2 usage error
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
-from harness import device as devices
 from harness.fixes import UsageError, Variant, describe, select_variant
 from harness.isolate import Interrupted, Isolator, Job, Result
 from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED, Outcome
 from harness.record import BugRecord
 from repro import registry
 from repro import results as documents
-from repro.commands import (
+from repro.common import (
     capped,
-    device_choice,
+    devices_wanted,
     dtype_option,
-    prepare,
+    prepare_devices,
     print_table,
     time_limit,
     timeout_option,
+    writable,
 )
 
 
@@ -53,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     dtype_option(m)
     m.add_argument("--json", metavar="FILE", help="write results as JSON")
     m.add_argument("--junit", metavar="FILE", help="write results as JUnit XML")
+    m.set_defaults(run=cmd_matrix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,47 +66,11 @@ class Cell:
         return self.result.outcome == self.expected
 
 
-def devices_wanted(requested: str | None) -> list[str]:
-    requested = requested or os.environ.get(devices.ENV_DEVICE) or "all"
-    if requested == "all":
-        return ["cpu", "cuda"] if devices.cuda_available() else ["cpu"]
-    return [devices.resolve(device_choice(requested))]
-
-
 def _variants(bug: BugRecord, each_part: bool) -> list[Variant]:
     variants = [select_variant(bug.fix_parts, "fixed"), bug.buggy_variant]
     if each_part and len(bug.fix_parts) > 1:
         variants += [select_variant(bug.fix_parts, "fixed", [p.value]) for p in bug.fix_parts]
     return variants
-
-
-def prepare_devices(isolator: Isolator, wanted: list[str]) -> list[str]:
-    """The devices of `wanted` that can run (warmed, csrc built); why not on stderr."""
-    ready = []
-    for device in wanted:
-        isolator.warm(device)
-        why_not = prepare(isolator, device)
-        if why_not:
-            print(f"{device}: skipped: {why_not}", file=sys.stderr)
-        else:
-            ready.append(device)
-    return ready
-
-
-def writable(path: str, option: str) -> None:
-    """A usage error unless `path` can be written as it will be: a temporary file beside it,
-    renamed over it (tried now, before any run)."""
-    target = Path(os.path.realpath(path))
-    if target.is_dir():
-        raise UsageError(f"{option} {path}: is a directory")
-    if target.exists() and not target.is_file():  # /dev/stdout, a pipe: written in place
-        return
-    try:
-        fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    except OSError as e:
-        raise UsageError(f"{option} {path}: cannot write: {e.strerror}") from None
-    os.close(fd)
-    os.unlink(temporary)
 
 
 def _check(args: argparse.Namespace) -> tuple[list[BugRecord], list[str]]:

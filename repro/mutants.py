@@ -39,8 +39,7 @@ from harness.record import Mutant
 from harness.servers import ENV_SERVER, ROOT
 from harness.userdir import ENV_SERVER_DIR
 from repro import registry
-from repro.commands import print_table, unavailable
-from repro.matrix import writable
+from repro.common import print_table, unavailable, writable
 from repro.results import replace
 
 TREE = ("harness", "kernels", "repro", "csrc")  # what a check of a copy needs
@@ -67,10 +66,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="also fuzz each mutant's tree this long (repro fuzz, seed 0): a second score",
     )
+    m.set_defaults(run=cmd_mutants)
 
 
 def catalogue(bug_id: str) -> tuple[Mutant, ...]:
-    return importlib.import_module(f"repro.{bug_id}.mutants").MUTANTS
+    return importlib.import_module(f"repro.bugs.{bug_id}.mutants").MUTANTS
 
 
 EXTERNAL_KEYS = {"bug", "name", "file", "old", "new", "why"}  # required; also devices, part

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from harness.fixes import UsageError
 from harness.record import BugRecord
-from repro import (
+from repro.bugs import (
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,

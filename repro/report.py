@@ -26,7 +26,7 @@ from repro.results import SCHEMA_ID, problem
 OUTCOME_COLOURS = {"pass": "#cfe8cf", "skipped": "#e6e6e6"}  # failures: by expectation below
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("report", help="Markdown and HTML views of results documents")
     r.add_argument("files", nargs="+", metavar="FILE", help="results JSON (repro-results/1)")
     r.add_argument("--markdown", metavar="OUT", help="write the Markdown here (default: stdout)")
@@ -34,6 +34,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("diff", help="the runs whose outcome changed between two results files")
     d.add_argument("a", metavar="A.json")
     d.add_argument("b", metavar="B.json")
+    r.set_defaults(run=cmd_report)
+    d.set_defaults(run=cmd_diff)
 
 
 def load(path: str) -> dict:

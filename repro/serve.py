@@ -31,7 +31,7 @@ from harness.fixes import UsageError
 from harness.outcome import EXIT_CANNOT_TEST
 from harness.servers import WARM_IDLE_S, Server, log_name, socket_name, start_warm
 from harness.userdir import UnsafeDirectory, UserDirectory
-from repro.commands import device_choice, unavailable
+from repro.common import device_choice, unavailable
 
 START_S = 180.0  # importing torch on a loaded machine
 
@@ -43,6 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     action = s.add_mutually_exclusive_group()
     action.add_argument("--stop", action="store_true", help="stop the warm server")
     action.add_argument("--status", action="store_true", help="say whether one runs")
+    s.set_defaults(run=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

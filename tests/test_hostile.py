@@ -302,7 +302,7 @@ def test_an_import_time_error_in_the_runner_cannot_test(tmp_path, file, line, sh
 
 def test_a_broken_command_is_125_with_one_line_and_its_traceback_in_a_log(tmp_path) -> None:
     repo = Repo(tmp_path)
-    repo.edit("repro/commands.py", "    p = plan(args)\n", "    p = plan(args)\n    1 / 0\n")
+    repo.edit("repro/check.py", "    p = plan(args)\n", "    p = plan(args)\n    1 / 0\n")
     done = subprocess.run(
         [sys.executable, "-m", "repro", "run", *DUMMY],
         cwd=repo.path,
@@ -572,7 +572,7 @@ def test_timeout_shortens_a_real_hang(tmp_path) -> None:
     repo = Repo(tmp_path)
     head = "def dummy_run_before_mapping(ctx: Context) -> str:\n"  # the scenario's name: stable
     repo.edit(
-        "repro/lora_dummy_run/scenarios.py", head, head + "    __import__('time').sleep(600)\n"
+        "repro/bugs/lora_dummy_run/scenarios.py", head, head + "    __import__('time').sleep(600)\n"
     )
     started = time.monotonic()
     done = run("check", *DUMMY, "--timeout", "3", cwd=repo.path)

@@ -1,4 +1,5 @@
-"""The architecture points one way (kernels <- harness <- repro <- tests), the runner holds no
+"""The architecture points one way (kernels <- harness <- repro <- tests), no module imports
+itself through others (no import cycle, counting imports inside functions), the runner holds no
 test oracle, and what the CLI parent imports never needs torch."""
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ RUNNER_FORBIDDEN = {
 LIGHT = [
     "repro/cli.py",
     "repro/commands.py",
+    "repro/common.py",
+    "repro/info.py",
+    "repro/check.py",
     "repro/matrix.py",
     "repro/mutants.py",
     "repro/serve.py",
@@ -65,6 +69,47 @@ def project_files(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_imports(path: Path, modules: set[str]) -> set[str]:
+    """The project modules `path` imports anywhere (functions included), as module names:
+    `from a.b import c` is a.b.c when that is a module, else a.b."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        else:
+            continue
+        found |= {n for n in names if n in modules}
+    return found
+
+
+def test_no_import_cycles() -> None:
+    files = [p for package in FORBIDDEN for p in project_files(package)]
+    modules = {module_name(p): p for p in files}
+    graph = {name: all_imports(path, set(modules)) - {name} for name, path in modules.items()}
+    state: dict[str, str] = {}  # "open" on the current path, "done" after
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        for other in sorted(graph[name]):
+            if state.get(other) == "open":
+                cycle = path[path.index(other) :] + [name, other]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if other not in state:
+                visit(other, [*path, name])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_dependencies_point_down(package: str) -> None:
     for path in project_files(package):
@@ -89,6 +134,8 @@ def test_the_parent_side_imports_nothing_heavy(name: str) -> None:
 
 
 def test_records_import_nothing_heavy() -> None:
-    for path in sorted(ROOT.glob("repro/*/__init__.py")):
+    records = sorted(ROOT.glob("repro/bugs/*/__init__.py"))
+    assert len(records) >= 10
+    for path in records:
         bad = {m for m in imports(path) if m.split(".")[0] in {"torch", "triton", "kernels"}}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"

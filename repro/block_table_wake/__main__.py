@@ -1,5 +1,0 @@
-"""`python -m repro.block_table_wake [matrix options]`: fixed and buggy side by side."""
-
-from repro.cli import run_alone
-
-run_alone("block_table_wake")

@@ -1,0 +1,6 @@
+"""`python -m repro.bugs.spec_prewarm_captured_state [matrix options]`: fixed and buggy, side
+by side."""
+
+from repro.cli import run_alone
+
+run_alone("spec_prewarm_captured_state")

@@ -1,5 +1,0 @@
-"""`python -m repro.capture_first_call [matrix options]`: fixed and buggy side by side."""
-
-from repro.cli import run_alone
-
-run_alone("capture_first_call")

@@ -1,0 +1,298 @@
+"""`repro run` and `repro check`: one bug's scenarios, once (run) or with every failure
+confirmed by a second run (check, the verdict `git bisect run` reads; exit codes in
+CHECK_EPILOG). Every argument is checked before anything heavy starts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+
+from harness import device as devices
+from harness.fixes import UsageError, Variant, describe, parse_fix, select_variant
+from harness.isolate import (
+    SANITIZER_TOOLS,
+    Interrupted,
+    Isolator,
+    Job,
+    Result,
+)
+from harness.outcome import (
+    EXIT_CANNOT_TEST,
+    Outcome,
+    exit_code,
+)
+from harness.record import BugRecord
+from repro import registry
+from repro.common import (
+    capped,
+    device_choice,
+    dtype_option,
+    evidence_lines,
+    prepare,
+    time_limit,
+    timeout_option,
+)
+
+CHECK_EPILOG = """\
+exit codes (git bisect run):
+  0    every selected scenario ran and passed: the bug is absent
+  1    a scenario ran and failed (wrong_result, device_assert, illegal_address, crash,
+       timeout, sanitizer_error, exception: a Python exception raised by the code under
+       test), and a second run showed the same class: the bug is present
+  125  cannot test: the project does not import, a build failed, the harness or a scenario
+       broke (error), no device, bad environment, interrupted, or the failure did not
+       reproduce (flaky); with --symptom, also a failure of another class than the
+       scenario's documented one
+  2    usage error, found before anything heavy starts
+  never 128 or more"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser(
+        "run",
+        help="run a bug's scenarios once, print outcomes and evidence",
+        description="Run once; exit codes as check's, without the confirming run.",
+    )
+    _variant_options(run)
+    run.add_argument("--json", action="store_true", help="print results as JSON")
+    run.set_defaults(run=cmd_run)
+    check = sub.add_parser(
+        "check",
+        help="bisect-friendly verdict: exit 0 absent, 1 present, 125 cannot test",
+        description="Is the bug present in this tree? Failures are confirmed by a second run.",
+        epilog=CHECK_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _variant_options(check)
+    check.add_argument(
+        "--symptom",
+        action="store_true",
+        help="count only the failure classes the record documents; other failures exit 125",
+    )
+    check.add_argument(
+        "--no-confirm", action="store_true", help="exit 1 on a first failure, without a rerun"
+    )
+    check.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="one scenario at a time, none after a failure (reported skipped)",
+    )
+    check.add_argument("--json", metavar="FILE", help="write the verdict and results as JSON")
+    check.set_defaults(run=cmd_check)
+
+
+def _variant_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bug", help="bug id (repro list)")
+    p.add_argument("--variant", choices=("fixed", "buggy"), help="default: fixed (all fixes on)")
+    p.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="PART",
+        help="switch one of the bug's fix parts off (repeatable)",
+    )
+    p.add_argument("--fixes", metavar="none", help="'none': every fix part of every bug off")
+    p.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
+    p.add_argument("--scenario", action="append", default=[], help="only this scenario")
+    timeout_option(p)
+    dtype_option(p)
+    p.add_argument(
+        "--sanitizer",
+        nargs="?",
+        const="memcheck",
+        choices=SANITIZER_TOOLS,
+        metavar="TOOL",
+        help=f"run children under compute-sanitizer's TOOL ({', '.join(SANITIZER_TOOLS)}; "
+        "default memcheck)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A checked run/check request."""
+
+    bug: BugRecord
+    fixes: Variant
+    device: str
+    jobs: tuple[Job, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.bug.id} [{describe(self.fixes, self.bug.fix_parts)}, {self.device}]"
+
+
+def _own_parts(bug: BugRecord, names: list[str]) -> None:
+    for name in names:
+        part = parse_fix(name)
+        if part not in bug.fix_parts:
+            owner = next(b.id for b in registry.BUGS if part in b.fix_parts)
+            own = ", ".join(p.value for p in bug.fix_parts)
+            raise UsageError(
+                f"--without {name}: a fix part of {owner}, not of {bug.id} (its parts: {own}); "
+                "--fixes none switches every part of every bug off"
+            )
+
+
+def plan(args: argparse.Namespace) -> Plan:
+    """Everything checked, nothing started."""
+    bug = registry.get(args.bug)
+    _own_parts(bug, args.without)
+    fixes = select_variant(bug.fix_parts, args.variant, args.without, args.fixes)
+    known = [s.name for s in bug.scenarios]
+    for name in args.scenario:
+        if name not in known:
+            raise UsageError(f"{bug.id} has no scenario {name!r}; scenarios: {', '.join(known)}")
+    choice = device_choice(args.device)
+    if args.sanitizer and choice == "cpu":
+        raise UsageError("--sanitizer checks GPU memory accesses: it needs --device cuda")
+    device = devices.resolve(choice)
+    cap = time_limit(args)
+    jobs = tuple(
+        Job(
+            bug.id,
+            s.name,
+            bug.target(s),
+            fixes,
+            device,
+            capped(s.timeout_s, cap),
+            0,
+            args.sanitizer,
+            dtype=args.dtype,
+        )
+        for s in bug.scenarios
+        if not args.scenario or s.name in args.scenario
+    )
+    return Plan(bug, fixes, device, jobs)
+
+
+def _why_not(plan: Plan, isolator: Isolator, sanitizer: bool) -> str | None:
+    if sanitizer and plan.device != "cuda":
+        return "no CUDA device is available for --sanitizer"
+    if sanitizer and not shutil.which("compute-sanitizer"):
+        return "compute-sanitizer is not on PATH"
+    return prepare(isolator, plan.device)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    p = plan(args)
+    with Isolator() as isolator:
+        isolator.warm(p.device)
+        why_not = _why_not(p, isolator, args.sanitizer)
+        try:
+            results = [] if why_not else isolator.run_all(p.jobs)
+        except Interrupted as e:
+            results, why_not = e.results, "interrupted"
+    if args.json:
+        from repro import results as documents
+
+        rows = [documents.result_json(r, p.bug) for r in results]
+        extra = {"verdict": {"exit": EXIT_CANNOT_TEST, "text": why_not}} if why_not else {}
+        print(json.dumps(documents.document(rows, **extra), indent=2))
+    for r in [] if args.json else results:
+        expected = p.bug.scenario(r.job.scenario).expected(p.fixes, p.device)
+        mark = "as expected" if r.outcome == expected else f"UNEXPECTED, expected {expected.value}"
+        print(f"{p.label} {r.job.scenario}: {r.outcome.value} ({mark}, {r.seconds:.1f}s)")
+        if r.evidence:
+            print(evidence_lines(r.evidence, "    "))
+    if why_not:
+        print(f"{p.label}: skipped: {why_not}", file=sys.stderr if args.json else sys.stdout)
+        return EXIT_CANNOT_TEST
+    return exit_code(r.outcome for r in results)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One scenario's first run, its confirming run (if it failed), and whether it counts."""
+
+    first: Result
+    again: Result | None
+    documented: frozenset[Outcome] | None  # --symptom: the classes that count
+
+    @property
+    def flaky(self) -> bool:
+        return self.again is not None and self.again.outcome != self.first.outcome
+
+    @property
+    def counted(self) -> bool:
+        o = self.first.outcome
+        return not self.flaky and (self.documented is None or o in self.documented)
+
+    def describe(self) -> str:
+        o = self.first.outcome.value
+        if not self.first.outcome.is_failure:
+            return o
+        if self.flaky:
+            return f"{o}, then {self.again.outcome.value} on a second run: flaky, not counted"
+        confirmed = ", confirmed by a second run" if self.again is not None else ""
+        if not self.counted:
+            shown = ", ".join(sorted(d.value for d in self.documented))
+            return f"{o}{confirmed}; not its documented symptom ({shown}): not counted"
+        return f"{o}{confirmed}"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    p = plan(args)
+    if args.json:
+        from repro.common import writable
+
+        writable(args.json, "--json")
+    with Isolator() as isolator:
+        isolator.warm(p.device)
+        why_not = _why_not(p, isolator, args.sanitizer)
+        if why_not:
+            print(f"{p.label}: cannot test: {why_not}")
+            return EXIT_CANNOT_TEST
+        try:
+            workers = 1 if args.fail_fast else None  # in the record's order, one at a time
+            first = isolator.run_all(p.jobs, workers, stop_on_failure=args.fail_fast)
+            failed = [r.job for r in first if r.outcome.is_failure]
+            again = {} if args.no_confirm else _by_job(isolator.run_all(failed))
+        except Interrupted:
+            print(f"{p.label}: cannot test: interrupted")
+            return EXIT_CANNOT_TEST
+    findings = [
+        Finding(
+            r,
+            again.get(r.job),
+            p.bug.scenario(r.job.scenario).documented(p.device) if args.symptom else None,
+        )
+        for r in first
+    ]
+    code = exit_code((f.first.outcome for f in findings), (f.counted for f in findings))
+    print(f"{p.label}: {_verdict(code, findings)}")
+    if args.json:
+        from repro import results as documents
+
+        rows = [
+            {
+                **documents.result_json(f.first, p.bug),
+                "confirmation": f.again.outcome.value if f.again else None,
+            }
+            for f in findings
+        ]
+        verdict = {"exit": code, "text": f"{p.label}: {_verdict(code, findings)}"}
+        documents.write(args.json, documents.document(rows, verdict=verdict))
+    for f in findings:
+        print(f"  {f.first.job.scenario}: {f.describe()}")
+        if f.first.outcome != Outcome.PASS and f.first.evidence:
+            print(evidence_lines(f.first.evidence))
+    return code
+
+
+def _by_job(results: list[Result]) -> dict[Job, Result]:
+    return {r.job: r for r in results}
+
+
+def _verdict(code: int, findings: list[Finding]) -> str:
+    summary = ", ".join(f"{f.first.job.scenario}={f.first.outcome.value}" for f in findings)
+    if code == 0:
+        return f"absent ({summary})"
+    if code == 1:
+        return f"PRESENT ({summary})"
+    flaky = [f.first.job.scenario for f in findings if f.flaky]
+    if flaky:
+        return f"cannot test: flaky ({', '.join(flaky)}; {summary})"
+    return f"cannot test ({summary})"

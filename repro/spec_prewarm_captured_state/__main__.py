@@ -1,5 +1,0 @@
-"""`python -m repro.spec_prewarm_captured_state [matrix options]`: fixed and buggy side by side."""
-
-from repro.cli import run_alone
-
-run_alone("spec_prewarm_captured_state")
