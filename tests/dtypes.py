@@ -12,6 +12,7 @@ GPU-only test rounds arbitrary values to e4m3 (test_paged_attention.py)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import pytest
@@ -53,6 +54,20 @@ def cases(
             marks = () if on_cpu else pytest.mark.gpu
             params.append(pytest.param(*shape, *variant, id=f"{i}-{name}", marks=marks))
     return params
+
+
+def collapse_gpu_cases(params: list) -> list:
+    """`params` as they are on a GPU run; on a CPU run (TRITON_INTERPRET=1: conftest sets it
+    before collection) the gpu-marked ones become one skipped item that says how many, so that
+    the CPU job does not collect and skip thousands of upstream cases one by one."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return params
+    gpu = [p for p in params if any(m.name == "gpu" for m in p.marks)]
+    kept = [p for p in params if p not in gpu]
+    if gpu:
+        blank = [None] * len(gpu[0].values)
+        kept.append(pytest.param(*blank, marks=pytest.mark.gpu, id=f"{len(gpu)}-gpu-cases"))
+    return kept
 
 
 def small_values(gen: torch.Generator, *shape: int) -> torch.Tensor:
