@@ -115,7 +115,8 @@ def test_the_broken_kernel_is_unrelated_to_the_bug() -> None:
     """The premise of the history: moe_align_grid's scenarios never import paged attention."""
     probe = (
         "import os, sys; os.environ['TRITON_INTERPRET'] = '1'; sys.path.insert(0, sys.argv[1]);"
-        "import repro.bugs.moe_align_grid.scenarios; print('kernels.paged_attention' in sys.modules)"
+        "import repro.bugs.moe_align_grid.scenarios;"
+        "print('kernels.paged_attention' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", probe, str(ROOT)], capture_output=True, text=True)
     assert done.stdout.strip() == "False", done.stderr

@@ -119,10 +119,8 @@ def test_replay_of_a_counterexample(capsys, device, tmp_path, dtype) -> None:
     assert code == 1, out
     assert "FOUND wrong_result" in out and "operation 2 (step [lora 1 x1 @0])" in out
     dtype_words = "" if dtype == "float32" else " --dtype bfloat16"
-    assert (
-        f"replay: repro fuzz lora_graph_capture --variant buggy --device {device}{dtype_words} --replay"
-        in out
-    )
+    command = f"repro fuzz lora_graph_capture --variant buggy --device {device}{dtype_words}"
+    assert f"replay: {command} --replay" in out
     doc = json.loads(report.read_text())
     assert doc["found"] and doc["confirmed"] and doc["program"] == LORA_STEP
     code, out = fuzz(capsys, *argv)

@@ -99,7 +99,7 @@ def test_no_import_cycles() -> None:
         state[name] = "open"
         for other in sorted(graph[name]):
             if state.get(other) == "open":
-                cycle = path[path.index(other) :] + [name, other]
+                cycle = [*path[path.index(other) :], name, other]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if other not in state:
                 visit(other, [*path, name])
