@@ -3,6 +3,7 @@ interpreter importing torch and Triton, and initializing CUDA on a GPU). A bench
 it prints what it measured; compare the JSON between commits or machines.
 
     repro bench [--device cpu|cuda|auto] [--repeat N] [--json FILE]
+    repro bench --per-bug [--bug BUG ...] [--device ...] [--json FILE]
 
 Figures (median of N runs): usage error, `repro list`, `repro check` of one scenario cold (a
 private server) and warm (`repro serve` running), the overhead of one child that does nothing
@@ -10,6 +11,11 @@ private server) and warm (`repro serve` running), the overhead of one child that
 its number of runs times the time per child that only makes a CUDA context, measured four at
 once (a GPU takes only so many new contexts a second, however many processes ask: about 5.5 on
 the H100 machine we measured; a run in its own process cannot cost less).
+
+--per-bug: what each bug costs, a row per bug: `repro check BUG` warm (the edit-check loop;
+median of N), its scenarios' own seconds (fixed and buggy, summed, as the children measured
+them), its marker suite (`pytest -m BUG -n auto`, as the README's test command runs it) and its
+mutants (`repro mutants BUG`), each the wall time of one command, against the floor.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from harness.fixes import ALL_FIXES, UsageError
 from harness.isolate import Isolator, Job
 from harness.servers import ENV_SERVER
 from harness.userdir import ENV_SERVER_DIR
+from repro import registry
 from repro.common import device_choice, print_table, unavailable, writable
 
 CHECK = ("check", "lora_dummy_run", "--scenario", "dummy_run_before_mapping")
@@ -40,6 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--device", help="cpu, cuda or auto (default: $REPRO_DEVICE, else auto)")
     b.add_argument("--repeat", type=int, default=3, metavar="N")
     b.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    b.add_argument("--per-bug", action="store_true", help="a cost row per bug (see above)")
+    b.add_argument("--bug", action="append", default=[], help="with --per-bug: only this bug")
     b.set_defaults(run=cmd_bench)
 
 
@@ -79,6 +88,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"{device}: cannot bench: {why}")
         return 125
     repro = [sys.executable, "-m", "repro"]
+    if args.per_bug or args.bug:
+        bugs = [registry.get(b).id for b in args.bug] or [b.id for b in registry.BUGS]
+        return _per_bug(device, bugs, args.repeat, args.json)
     with tempfile.TemporaryDirectory(prefix="repro-bench-") as tmp:
         cold = {**os.environ, ENV_SERVER: "off"}
         warm = {**os.environ, ENV_SERVER: "auto", ENV_SERVER_DIR: tmp}
@@ -104,6 +116,52 @@ def cmd_bench(args: argparse.Namespace) -> int:
         finally:
             subprocess.run([*repro, "serve", "--device", device, "--stop"], **quiet)
     return _report(device, figures, args.json)
+
+
+def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None) -> int:
+    repro, rows = [sys.executable, "-m", "repro"], {}
+    with tempfile.TemporaryDirectory(prefix="repro-bench-") as tmp:
+        warm = {**os.environ, ENV_SERVER: "auto", ENV_SERVER_DIR: tmp}
+        floor = _median(_floor(device), warm, repeat)
+        quiet = {"env": warm, "stdout": subprocess.DEVNULL}
+        subprocess.run([*repro, "serve", "--device", device], check=True, **quiet)
+        try:
+            for bug in bugs:
+                check = _median([*repro, "check", bug, "--device", device], warm, repeat)
+                runs = Path(tmp) / f"{bug}.json"
+                matrix = [*repro, "matrix", "--bug", bug, "--device", device]
+                _timed([*matrix, "--json", str(runs)], warm)
+                results = json.loads(runs.read_text())["results"] if runs.exists() else []
+                scenarios = sum(r["scenario_seconds"] or 0.0 for r in results)
+                suite = [sys.executable, "-m", "pytest", "-q", "-n", "auto", "-m", bug]
+                suite_s = _timed([*suite, "--device", device, "-p", "no:cacheprovider"], warm)
+                mutants = _timed([*repro, "mutants", bug, "--device", device], warm)
+                rows[bug] = {
+                    "check_warm": check,
+                    "scenarios": scenarios,
+                    "marker_suite": suite_s,
+                    "mutants": mutants,
+                }
+                print(f"{bug}: " + ", ".join(f"{k} {v:.1f}s" for k, v in rows[bug].items()))
+        finally:
+            subprocess.run([*repro, "serve", "--device", device, "--stop"], **quiet)
+    table = [("bug", "check warm", "x floor", "scenarios", "marker suite", "mutants")]
+    for bug, f in rows.items():
+        figures = (f["check_warm"], f["scenarios"], f["marker_suite"], f["mutants"])
+        cells = [f"{v:.1f}" for v in figures]
+        table.append((bug, cells[0], f"{f['check_warm'] / floor:.2f}", *cells[1:]))
+    totals = [f"{sum(f[k] for f in rows.values()):.1f}" for k in ("scenarios", "marker_suite")]
+    mutants_total = f"{sum(f['mutants'] for f in rows.values()):.1f}"
+    table.append(("total", "", "", *totals, mutants_total))
+    print(
+        f"\nrepro bench --per-bug on {device} ({platform.node()}, {os.cpu_count()} CPUs), "
+        f"floor (import torch, triton) {floor:.2f}s; seconds"
+    )
+    print_table(table)
+    if path:
+        doc = {"device": device, "cpus": os.cpu_count(), "floor_import": floor, "bugs": rows}
+        Path(path).write_text(json.dumps(doc, indent=2))
+    return 0
 
 
 def _report(device: str, figures: dict[str, float], path: str | None) -> int:
