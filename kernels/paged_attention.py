@@ -61,8 +61,10 @@ def paged_attention_reference(
             int(block_table[row, p // block_size]) * block_size + p % block_size
             for p in range(pos + 1)
         ]
+        group = query.shape[1] // k_cache.shape[2]  # query heads per KV head
         keys = k_cache.reshape(-1, *k_cache.shape[2:])[slots].double().cpu() * k_scale
         values = v_cache.reshape(-1, *v_cache.shape[2:])[slots].double().cpu() * v_scale
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
         scores = torch.einsum("hd,phd->hp", query[t].double().cpu(), keys) * scale
         out[t] = torch.einsum("hp,phd->hd", scores.softmax(-1), values)
     return out
@@ -79,6 +81,15 @@ def require_fp8_support(device: torch.device) -> None:
             f"an fp8 (e4m3) KV cache needs sm_{FP8_MIN_ARCH} or later (Triton's fp8e4nv); "
             f"this GPU is sm_{major}{minor}"
         )
+
+
+def kv_heads_of(heads: int, k_cache: torch.Tensor) -> int:
+    """The cache's KV heads; each serves heads // kv_heads query heads (grouped-query attention,
+    one KV head: multi-query), as upstream's attention does."""
+    kv_heads = k_cache.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"num_heads = {heads} is not a multiple of num_kv_heads = {kv_heads}")
+    return kv_heads
 
 
 def kv_scale_args(
@@ -135,7 +146,7 @@ def reshape_and_cache(
 
 def paged_attention(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32 | float16 | bfloat16
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_heads, head_dim] query's dtype | fp8
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] query's dtype | fp8
     v_cache: torch.Tensor,
     block_table: torch.Tensor,  # [>= num_rows, max_num_blocks] int32, the batch's rows
     token_rows: torch.Tensor,  # [num_tokens] int32, batch row of each token
@@ -152,6 +163,7 @@ def paged_attention(
     require_dtype(FLOAT_DTYPES, query=query)
     require_dtype((query.dtype,), out=out)
     k_scale, v_scale = kv_scale_args(query.dtype, k_cache, v_cache, k_scale, v_scale)
+    kv_heads = kv_heads_of(heads, k_cache)
     _paged_attention_kernel[(num_tokens, heads)](
         query,
         k_cache,
@@ -166,6 +178,7 @@ def paged_attention(
         block_table.stride(0),
         k_cache.shape[1],
         HEADS=heads,
+        KV_HEADS=kv_heads,
         DIM=dim,
         DIM_PAD=triton.next_power_of_2(dim),
         MAX_MODEL_LEN=max_model_len,
@@ -219,17 +232,17 @@ def attend_positions(
     table_row_ptr,
     lo,
     hi,
-    h,
+    kv_h,
     scale,
     block_size,
-    HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
     DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
     """Online softmax of q (one head, [DIM_PAD] float32, zero past DIM) over positions [lo, hi) of
-    one block-table row, in float32.
+    one block-table row, reading KV head kv_h of KV_HEADS, in float32.
 
     Returns (running max, denominator, unnormalized output [DIM_PAD], zero past DIM);
     denominator 0: no live position.
@@ -239,23 +252,26 @@ def attend_positions(
     m = tl.full([], float("-inf"), tl.float32)
     denom = tl.zeros([], tl.float32)
     acc = tl.zeros([DIM_PAD], tl.float32)
+    # NOTE: the bound is constexpr (moe_lora_align.py); tiles outside [lo, hi) are skipped
     for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
-        ps = p0 + tl.arange(0, BLOCK_P)
-        live = (ps >= lo) & (ps < hi)
-        block = tl.load(table_row_ptr + ps // block_size, mask=live, other=0).to(tl.int64)
-        kv = ((block * block_size + ps % block_size)[:, None] * HEADS + h) * DIM + dims[None, :]
-        k = tl.load(k_cache_ptr + kv, mask=live[:, None] & in_head[None, :], other=0.0)
-        k = _kv_to_float32(k, k_scale_ptr)
-        scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=0))
-        safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
-        correction = tl.exp(m - safe)
-        weights = tl.exp(scores - safe)
-        v = tl.load(v_cache_ptr + kv, mask=live[:, None] & in_head[None, :], other=0.0)
-        v = _kv_to_float32(v, v_scale_ptr)
-        acc = acc * correction + tl.sum(weights[:, None] * v, axis=0)
-        denom = denom * correction + tl.sum(weights, axis=0)
-        m = m_new
+        if (p0 < hi) & (p0 + BLOCK_P > lo):
+            ps = p0 + tl.arange(0, BLOCK_P)
+            live = (ps >= lo) & (ps < hi)
+            block = tl.load(table_row_ptr + ps // block_size, mask=live, other=0).to(tl.int64)
+            entry = (block * block_size + ps % block_size)[:, None] * KV_HEADS + kv_h
+            kv = entry * DIM + dims[None, :]
+            k = tl.load(k_cache_ptr + kv, mask=live[:, None] & in_head[None, :], other=0.0)
+            k = _kv_to_float32(k, k_scale_ptr)
+            scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=0))
+            safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
+            correction = tl.exp(m - safe)
+            weights = tl.exp(scores - safe)
+            v = tl.load(v_cache_ptr + kv, mask=live[:, None] & in_head[None, :], other=0.0)
+            v = _kv_to_float32(v, v_scale_ptr)
+            acc = acc * correction + tl.sum(weights[:, None] * v, axis=0)
+            denom = denom * correction + tl.sum(weights, axis=0)
+            m = m_new
     return m, denom, acc
 
 
@@ -274,12 +290,14 @@ def _paged_attention_kernel(
     table_stride,
     block_size,
     HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
     DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    """One (token, head): attention over the token's row, positions 0..pos."""
+    """One (token, head): attention over the token's row, positions 0..pos, on the head's KV
+    head (h // (HEADS // KV_HEADS))."""
     t, h = tl.program_id(0), tl.program_id(1)
     row = tl.load(token_rows_ptr + t).to(tl.int64)
     dims = tl.arange(0, DIM_PAD)
@@ -294,10 +312,10 @@ def _paged_attention_kernel(
         block_table_ptr + row * table_stride,
         0,
         tl.load(positions_ptr + t) + 1,
-        h,
+        h // (HEADS // KV_HEADS),
         scale,
         block_size,
-        HEADS,
+        KV_HEADS,
         DIM,
         DIM_PAD,
         MAX_MODEL_LEN,

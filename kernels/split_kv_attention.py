@@ -8,7 +8,9 @@ per (part, head), a partial output and log-sum-exp for each request it covers; t
 kernel merges, per request, the partials of the parts the plan says cover it. A plan is valid
 only for the lengths it was made from: nothing checks that (upstream's contract). Any head size
 is served: the kernels range over DIM_PAD = next_power_of_2(dim) and mask the rest
-(paged_attention.py). Dtypes and the fp8 KV cache are paged_attention.py's; the partial
+(paged_attention.py), and any part count (FlashMLA's is the SM count over the heads' tiles:
+132, 66 or 33 on an H100): the parts range over PARTS_PAD = next_power_of_2(NUM_PARTS), masked.
+Dtypes and the fp8 KV cache are paged_attention.py's; the partial
 workspaces are float32, as FlashMLA's are.
 """
 
@@ -18,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import FLOAT_DTYPES, require_dtype, require_power_of_two
-from kernels.paged_attention import attend_positions, kv_scale_args
+from kernels import FLOAT_DTYPES, require_dtype
+from kernels.paged_attention import attend_positions, kv_heads_of, kv_scale_args
 
 BLOCK_P = 32
 
@@ -38,8 +40,10 @@ def split_kv_attention_reference(
     (the cache's entries times their scales)."""
     block_size = k_cache.shape[1]
     out = torch.zeros(query.shape, dtype=torch.float64)
+    group = query.shape[1] // k_cache.shape[2]  # query heads per KV head
     flat_k = k_cache.reshape(-1, *k_cache.shape[2:]).double().cpu() * k_scale
     flat_v = v_cache.reshape(-1, *v_cache.shape[2:]).double().cpu() * v_scale
+    flat_k, flat_v = flat_k.repeat_interleave(group, 1), flat_v.repeat_interleave(group, 1)
     for r, length in enumerate(seq_lens.tolist()):
         slots = [
             int(block_table[r, p // block_size]) * block_size + p % block_size
@@ -74,20 +78,20 @@ def plan_schedule(
     num_splits: torch.Tensor,  # [num_reqs] int32, written
 ) -> None:
     num_parts, num_reqs = tile_scheduler_metadata.shape[0], seq_lens.shape[0]
-    require_power_of_two(num_parts=num_parts)
     _plan_kernel[(1,)](
         seq_lens,
         tile_scheduler_metadata,
         num_splits,
         num_reqs,
         NUM_PARTS=num_parts,
+        PARTS_PAD=triton.next_power_of_2(num_parts),
         REQ_BLOCK=triton.next_power_of_2(num_reqs),
     )
 
 
 def split_kv_attention(
     query: torch.Tensor,  # [num_reqs, heads, dim] float32 | float16 | bfloat16
-    k_cache: torch.Tensor,  # [num_blocks, block_size, heads, dim] query's dtype | fp8
+    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, dim] query's dtype | fp8
     v_cache: torch.Tensor,
     block_table: torch.Tensor,  # [num_reqs, max_num_blocks] int32
     seq_lens: torch.Tensor,  # [num_reqs] int32, live
@@ -106,6 +110,7 @@ def split_kv_attention(
     require_dtype(FLOAT_DTYPES, query=query)
     require_dtype((torch.float32,), partial_out=partial_out, partial_lse=partial_lse)
     k_scale, v_scale = kv_scale_args(query.dtype, k_cache, v_cache, k_scale, v_scale)
+    kv_heads = kv_heads_of(heads, k_cache)
     _split_kv_kernel[(num_parts, heads)](
         query,
         k_cache,
@@ -122,6 +127,7 @@ def split_kv_attention(
         k_cache.shape[1],
         NUM_REQS=num_reqs,
         HEADS=heads,
+        KV_HEADS=kv_heads,
         DIM=dim,
         DIM_PAD=triton.next_power_of_2(dim),
         MAX_MODEL_LEN=max_model_len,
@@ -137,7 +143,6 @@ def combine_splits(
 ) -> None:
     """out = the log-sum-exp merge of the partials of the parts the plan gives each request."""
     num_parts, num_reqs, heads, dim = partial_out.shape
-    require_power_of_two(num_parts=num_parts)
     require_dtype((torch.float32,), partial_out=partial_out, partial_lse=partial_lse)
     require_dtype(FLOAT_DTYPES, out=out)
     _combine_kernel[(num_reqs, heads)](
@@ -146,6 +151,7 @@ def combine_splits(
         tile_scheduler_metadata,
         out,
         NUM_PARTS=num_parts,
+        PARTS_PAD=triton.next_power_of_2(num_parts),
         NUM_REQS=num_reqs,
         HEADS=heads,
         DIM=dim,
@@ -163,6 +169,7 @@ def _plan_kernel(
     num_splits_ptr,
     num_reqs,
     NUM_PARTS: tl.constexpr,
+    PARTS_PAD: tl.constexpr,  # NUM_PARTS padded to a power of two (tl.arange); the rest masked
     REQ_BLOCK: tl.constexpr,
 ):
     reqs = tl.arange(0, REQ_BLOCK)
@@ -171,7 +178,8 @@ def _plan_kernel(
     starts = ends - lens
     total = tl.sum(lens, axis=0)
     chunk = tl.cdiv(total, NUM_PARTS)
-    parts = tl.arange(0, NUM_PARTS)
+    parts = tl.arange(0, PARTS_PAD)
+    real = parts < NUM_PARTS
     lo = parts * chunk
     hi = tl.minimum(lo + chunk, total)
     empty = lo >= hi
@@ -182,10 +190,10 @@ def _plan_kernel(
     onehot_last = reqs[None, :] == last[:, None]
     first_pos = lo - tl.sum(tl.where(onehot_first, starts[None, :], 0), axis=1)
     last_end = hi - tl.sum(tl.where(onehot_last, starts[None, :], 0), axis=1)
-    tl.store(meta_ptr + parts * 4 + 0, tl.where(empty, -1, first))
-    tl.store(meta_ptr + parts * 4 + 1, tl.where(empty, 0, first_pos))
-    tl.store(meta_ptr + parts * 4 + 2, tl.where(empty, -1, last))
-    tl.store(meta_ptr + parts * 4 + 3, tl.where(empty, 0, last_end))
+    tl.store(meta_ptr + parts * 4 + 0, tl.where(empty, -1, first), mask=real)
+    tl.store(meta_ptr + parts * 4 + 1, tl.where(empty, 0, first_pos), mask=real)
+    tl.store(meta_ptr + parts * 4 + 2, tl.where(empty, -1, last), mask=real)
+    tl.store(meta_ptr + parts * 4 + 3, tl.where(empty, 0, last_end), mask=real)
     covers = (reqs[None, :] >= first[:, None]) & (reqs[None, :] <= last[:, None]) & ~empty[:, None]
     tl.store(num_splits_ptr + reqs, tl.sum(covers.to(tl.int32), axis=0), mask=reqs < num_reqs)
 
@@ -207,6 +215,7 @@ def _split_kv_kernel(
     block_size,
     NUM_REQS: tl.constexpr,
     HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
     DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     MAX_MODEL_LEN: tl.constexpr,
@@ -236,10 +245,10 @@ def _split_kv_kernel(
                 block_table_ptr + r * table_stride,
                 lo,
                 hi,
-                h,
+                h // (HEADS // KV_HEADS),
                 scale,
                 block_size,
-                HEADS,
+                KV_HEADS,
                 DIM,
                 DIM_PAD,
                 MAX_MODEL_LEN,
@@ -259,6 +268,7 @@ def _combine_kernel(
     meta_ptr,
     out_ptr,
     NUM_PARTS: tl.constexpr,
+    PARTS_PAD: tl.constexpr,
     NUM_REQS: tl.constexpr,
     HEADS: tl.constexpr,
     DIM: tl.constexpr,
@@ -267,8 +277,10 @@ def _combine_kernel(
     r, h = tl.program_id(0), tl.program_id(1)
     dims = tl.arange(0, DIM_PAD)
     in_head = dims < DIM
-    parts = tl.arange(0, NUM_PARTS)
-    first, last = tl.load(meta_ptr + parts * 4), tl.load(meta_ptr + parts * 4 + 2)
+    parts = tl.arange(0, PARTS_PAD)
+    real = parts < NUM_PARTS
+    first = tl.load(meta_ptr + parts * 4, mask=real, other=-1)
+    last = tl.load(meta_ptr + parts * 4 + 2, mask=real, other=-1)
     covers = (first >= 0) & (first <= r) & (r <= last)  # the parts the plan gave request r
     lse = tl.load(lse_ptr + (parts * NUM_REQS + r) * HEADS + h, mask=covers, other=float("-inf"))
     m = tl.max(lse, axis=0)
