@@ -170,6 +170,7 @@ def _attention(
     num_parts: int,
     dtype: torch.dtype = torch.float32,
     fp8_cache: bool = False,
+    kv_heads: int | None = None,
 ) -> None:
     from kernels.paged_attention import FP8_KV_CACHE, paged_attention, reshape_and_cache
     from kernels.split_kv_attention import combine_splits, plan_schedule, split_kv_attention
@@ -177,11 +178,13 @@ def _attention(
     num_tokens, num_reqs, block_size, blocks = 256, 64, 16, 64  # (the cache's length: no shape)
     q = _empty(num_tokens, heads, head_dim, dtype=dtype)
     cache_dtype = FP8_KV_CACHE if fp8_cache else dtype
-    k_cache = _empty(blocks, block_size, heads, head_dim, dtype=cache_dtype)
+    kv_heads = kv_heads or heads
+    k_cache = _empty(blocks, block_size, kv_heads, head_dim, dtype=cache_dtype)
     scales = dict(k_scale=_empty(1), v_scale=_empty(1)) if fp8_cache else {}
     table = _i32(num_reqs, max_model_len // block_size)
     slots = torch.empty(num_tokens, dtype=torch.int64)
-    reshape_and_cache(q, q, k_cache, k_cache, slots, **scales)
+    kv = q[:, :kv_heads].contiguous()
+    reshape_and_cache(kv, kv, k_cache, k_cache, slots, **scales)
     positions = torch.empty(num_tokens, dtype=torch.int64)
     out = _empty(num_tokens, heads, head_dim, dtype=dtype)
     paged_attention(
@@ -261,6 +264,16 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
     (
         "attention, 32 heads x 128, 32768 tokens, 64 parts, bf16",
         lambda: _attention(32, 128, 32768, 64, torch.bfloat16),
+    ),
+    # grouped KV heads and FlashMLA's part counts (no power of two: padded, masked): Llama-3-70B's
+    # 64 heads on 8; upstream's MLA test, 128 heads on one latent head of 576, 66 parts
+    (
+        "attention, 64 heads on 8 KV heads x 128, 32768 tokens, 132 parts, bf16",
+        lambda: _attention(64, 128, 32768, 132, torch.bfloat16, kv_heads=8),
+    ),
+    (
+        "attention, 128 heads on 1 KV head x 576, 16384 tokens, 66 parts, bf16",
+        lambda: _attention(128, 576, 16384, 66, torch.bfloat16, kv_heads=1),
     ),
     ("block tables, 1024 requests, 2048 blocks", lambda: _block_tables(1024, 2048, 512)),
 ]
