@@ -83,6 +83,12 @@ RECORD = BugRecord(
         "#35636 proposed the same +1 again and was closed. #40131 (moe_align_grid) fixed the "
         "CUDA C++ align kernels that feed these, 'mirroring' this fix, and calls the id bound "
         "'the equivalent guard in the Triton kernel'; whether #32277 itself added that bound "
-        "is not confirmed (its diff was not read), so the record keeps it as its own part."
+        "is not confirmed (its diff was not read), so the record keeps it as its own part. "
+        "Upstream's own test of these kernels (tests/lora/test_fused_moe_lora_kernel.py: 100 "
+        "tokens, top-k 6 and 12, 64 experts, max_loras 4, 6 and 16, ranks 4 to 256, 152 cases "
+        "computing outputs) cannot see the bug: with the consumer's (and the align's) grid one "
+        "slot short, all 152 pass on an H100 (tests/test_upstream_fused_moe_lora.py), since "
+        "every token maps to a LoRA and lora_ids' last slot is always -1; its batches with a "
+        "base-model sequence first show it (test_a_base_model_sequence_shows_them)."
     ),
 )
