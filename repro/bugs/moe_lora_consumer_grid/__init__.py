@@ -88,7 +88,7 @@ RECORD = BugRecord(
         "tokens, top-k 6 and 12, 64 experts, max_loras 4, 6 and 16, ranks 4 to 256, 152 cases "
         "computing outputs) cannot see the bug: with the consumer's (and the align's) grid one "
         "slot short, all 152 pass on an H100 (tests/test_upstream_fused_moe_lora.py), since "
-        "every token maps to a LoRA and lora_ids' last slot is always -1; its batches with a "
-        "base-model sequence first show it (test_a_base_model_sequence_shows_them)."
+        "every token maps to a LoRA and lora_ids' last slot is always -1; one of its cases with a "
+        "base-model sequence added shows it (test_a_base_model_sequence_shows_them)."
     ),
 )
