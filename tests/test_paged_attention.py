@@ -2,7 +2,8 @@
 miniature's head size and upstream's (its paged attention's 64, 80, 96, 112, 120, 128, 192 and
 256; test_cache.py runs 64, 80 and 256), whose blocks are padded to a power of two and masked;
 in float32 and upstream's float16 and bfloat16, each with its cache in the model's dtype or in
-fp8 (tests/dtypes.py)."""
+fp8 (tests/dtypes.py); and with fewer KV heads than query heads (grouped-query attention, and
+multi-query with one KV head)."""
 
 from __future__ import annotations
 
@@ -41,12 +42,14 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("heads", "dim", "block_size", "dtype", "kv_cache_dtype"), cases(SHAPES, KV_DTYPES, cpu=[0, 3])
-)
-def test_cache_then_attend_matches_reference(
-    device, heads, dim, block_size, dtype, kv_cache_dtype
-) -> None:
+# (heads, kv_heads, dim, block_size): grouped-query attention, two query heads on each KV head;
+# multi-query, three on one
+GROUPED = [(4, 2, 16, 4), (3, 1, 16, 16)]
+
+
+def _cache_then_attend(device, heads, kv_heads, dim, block_size, dtype, kv_cache_dtype) -> None:
+    """Three rows' tokens written to the cache (keys and values of kv_heads heads), then their
+    queries (heads heads) attending causally to them, against the references."""
     num_blocks, gen = 24, torch.Generator().manual_seed(2)
     lengths = [5, 1, 19]  # tokens of three rows written this step, positions 0..len-1
     tokens = sum(lengths)
@@ -65,10 +68,11 @@ def test_cache_then_attend_matches_reference(
             for r, p in zip(token_rows.tolist(), positions.tolist(), strict=True)
         ]
     )
-    q, k, v = (small_values(gen, tokens, heads, dim).to(dtype) for _ in range(3))
+    q = small_values(gen, tokens, heads, dim).to(dtype)
+    k, v = (small_values(gen, tokens, kv_heads, dim).to(dtype) for _ in range(2))
     fp8 = kv_cache_dtype == "fp8"
     cache_dtype = FP8_KV_CACHE if fp8 else dtype
-    k_cache = torch.full((num_blocks, block_size, heads, dim), float("nan"), dtype=cache_dtype)
+    k_cache = torch.full((num_blocks, block_size, kv_heads, dim), float("nan"), dtype=cache_dtype)
     v_cache = k_cache.clone()
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     ref_scales = reference_scales(kv_cache_dtype)
@@ -98,6 +102,37 @@ def test_cache_then_attend_matches_reference(
     )
     torch.testing.assert_close(out.cpu().double(), expected, **ATTENTION_TOLERANCE[dtype])
     assert guarded[tokens].isnan().all(), "paged attention wrote past the last head's dim"
+
+
+@pytest.mark.parametrize(
+    ("heads", "dim", "block_size", "dtype", "kv_cache_dtype"), cases(SHAPES, KV_DTYPES, cpu=[0, 3])
+)
+def test_cache_then_attend_matches_reference(
+    device, heads, dim, block_size, dtype, kv_cache_dtype
+) -> None:
+    _cache_then_attend(device, heads, heads, dim, block_size, dtype, kv_cache_dtype)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "block_size", "dtype", "kv_cache_dtype"),
+    cases(GROUPED, KV_DTYPES, cpu=[]),
+)
+def test_grouped_kv_heads_match_reference(
+    device, heads, kv_heads, dim, block_size, dtype, kv_cache_dtype
+) -> None:
+    """A cache of fewer KV heads than query heads: query head h reads KV head
+    h // (heads // kv_heads), as the reference does."""
+    _cache_then_attend(device, heads, kv_heads, dim, block_size, dtype, kv_cache_dtype)
+
+
+def test_heads_must_be_a_multiple_of_kv_heads(device) -> None:
+    query = torch.zeros(1, 6, 16, device=device)
+    cache = torch.zeros(1, 4, 4, 16, device=device)  # 4 KV heads: 6 query heads do not share them
+    i32 = dict(dtype=torch.int32, device=device)
+    table, rows = torch.zeros(1, 1, **i32), torch.zeros(1, **i32)
+    positions = torch.zeros(1, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="num_heads = 6 is not a multiple of num_kv_heads = 4"):
+        paged_attention(query, cache, cache, table, rows, positions, query.clone(), 1.0, 4)
 
 
 def test_padding_slots_write_nothing(device) -> None:

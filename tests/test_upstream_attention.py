@@ -27,20 +27,22 @@ test_triton_unified_attn: 2 batches of (query_len, kv_len), heads (4, 4), (8, 2)
 head sizes 128 and 256, block size 16, sliding window None, 64, 128 or 256, bfloat16, soft cap
 None or 50, 32768 or 2048 blocks, a bfloat16 or fp8 query, seq_threshold_3D 0 or 8: 768 cases.
 test_triton_unified_attn_bf16_query_fp8_kv: the same batches, heads, head sizes, block size and
-block counts, an fp8 cache, seq_threshold_3D 0 or 8: 48 cases. Expressible: heads (4, 4), no
-window, no soft cap, a bfloat16 query: 16 + 16 upstream cases, 8 + 8 here (seq_threshold_3D
-picks upstream's 2D or 3D decode kernel; the launcher has one). Not expressible: grouped and
-multi-query heads (num_kv_heads != num_heads), sliding windows, soft caps, an fp8 query (752 +
-32 cases), and the file's nvfp4 tests. Upstream fills whole caches; here only the slots the
-sequences read hold values, every other slot NaN (block tables drawn as upstream's, repeats and
-all). The float64 reference reads the cache's entries times their scales, within upstream's
-bfloat16 tolerance (atol 1.5e-2, rtol 1e-2) for both caches: upstream's fp8 one (1.5e-1)
-covers quantization against an unquantized reference, which this is not.
+block counts, an fp8 cache, seq_threshold_3D 0 or 8: 48 cases. Expressible: all three heads
+(the launcher serves num_heads a multiple of num_kv_heads: grouped-query attention, and
+multi-query with one KV head), no window, no soft cap, a bfloat16 query: 48 + 48 upstream cases,
+24 + 24 here (seq_threshold_3D picks upstream's 2D or 3D decode kernel; the launcher has one).
+Not expressible: sliding windows, soft caps, an fp8 query (720 cases of the first test; every
+case of the second is expressible), and the file's nvfp4 tests. Upstream fills whole caches;
+here only the slots the sequences read hold values, every other slot NaN (block tables drawn as
+upstream's, repeats and all). The float64 reference reads the cache's entries times their
+scales, within upstream's bfloat16 tolerance (atol 1.5e-2, rtol 1e-2) for both caches:
+upstream's fp8 one (1.5e-1) covers quantization against an unquantized reference, which this is not.
 
 A GPU runs every case. The interpreter runs 3 cache writes, values e4m3 holds exactly for an
 fp8 cache (tests/dtypes.py: it rounds to e4m3 wrongly), and, for attention, a batch of its own
-("short": upstream's kinds of sequence, shorter; upstream's smallest batch takes it 12 s) over
-entries torch rounded to e4m3, which it widens exactly."""
+("short": upstream's kinds of sequence, shorter; upstream's smallest batch takes it 12 s) at
+heads (4, 4) under both caches and (8, 2) under the auto one, over entries torch rounded to
+e4m3, which it widens exactly."""
 
 from __future__ import annotations
 
@@ -86,10 +88,20 @@ BATCHES = {  # (query_len, kv_len) per sequence
     # interpreter runs in about a second (upstream's smallest batch takes it 12 s)
     "short": ((1, 40), (4, 18), (3, 3)),
 }
-HEADS, BLOCK_SIZE = 4, 16
-ATTENTION_ON_CPU = [("short", 128, 2048, "auto"), ("short", 128, 2048, "fp8")]
+HEADS = ((4, 4), (8, 2), (5, 1))  # upstream's (num_query_heads, num_kv_heads)
+BLOCK_SIZE = 16
+ATTENTION_ON_CPU = [
+    ("short", 4, 4, 128, 2048, "auto"),
+    ("short", 4, 4, 128, 2048, "fp8"),
+    ("short", 8, 2, 128, 2048, "auto"),  # grouped: four query heads on each KV head
+]
 ATTENTION_CASES = [
-    *itertools.product(("mixed", "decode"), (128, 256), (32768, 2048), ("auto", "fp8")),
+    *(
+        (batch, num_heads, num_kv_heads, head_size, num_blocks, cache)
+        for batch, (num_heads, num_kv_heads), head_size, num_blocks, cache in itertools.product(
+            ("mixed", "decode"), HEADS, (128, 256), (32768, 2048), ("auto", "fp8")
+        )
+    ),
     *ATTENTION_ON_CPU,
 ]
 
@@ -149,10 +161,11 @@ def test_reshape_and_cache_flash(
 
 def _reference(query, keys, values, scale: float, kv_cache_dtype: str) -> torch.Tensor:
     """float64: the last len(query) positions of one sequence attend causally to its keys (the
-    cache's entries times their scales)."""
+    cache's entries times their scales), query head h to KV head h // (num_heads // kv_heads)."""
     scales = reference_scales(kv_cache_dtype)
-    keys = keys.double() * scales.get("k_scale", 1.0)
-    values = values.double() * scales.get("v_scale", 1.0)
+    group = query.shape[1] // keys.shape[1]
+    keys = (keys.double() * scales.get("k_scale", 1.0)).repeat_interleave(group, 1)
+    values = (values.double() * scales.get("v_scale", 1.0)).repeat_interleave(group, 1)
     scores = torch.einsum("qhd,khd->hqk", query.double(), keys) * scale
     q_pos = torch.arange(len(keys) - len(query), len(keys))
     scores.masked_fill_(torch.arange(len(keys)) > q_pos[:, None], float("-inf"))
@@ -160,10 +173,12 @@ def _reference(query, keys, values, scale: float, kv_cache_dtype: str) -> torch.
 
 
 @pytest.mark.parametrize(
-    ("batch", "head_size", "num_blocks", "kv_cache_dtype"),
+    ("batch", "num_heads", "num_kv_heads", "head_size", "num_blocks", "kv_cache_dtype"),
     _params(ATTENTION_CASES, ATTENTION_ON_CPU),
 )
-def test_triton_unified_attention(device, batch, head_size, num_blocks, kv_cache_dtype) -> None:
+def test_triton_unified_attention(
+    device, batch, num_heads, num_kv_heads, head_size, num_blocks, kv_cache_dtype
+) -> None:
     gen, dtype, seqs = torch.Generator().manual_seed(0), torch.bfloat16, BATCHES[batch]
     max_kv_len = max(kv_len for _, kv_len in seqs)
     table = torch.randint(
@@ -178,18 +193,20 @@ def test_triton_unified_attention(device, batch, head_size, num_blocks, kv_cache
         p = torch.arange(kv_len)
         seq_slots.append(table[row, p // BLOCK_SIZE].long() * BLOCK_SIZE + p % BLOCK_SIZE)
     read = torch.cat(seq_slots).unique()  # the only slots holding values
-    shape = (num_blocks, BLOCK_SIZE, HEADS, head_size)
+    shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_size)
     cache_dtype = FP8_KV_CACHE if kv_cache_dtype == "fp8" else dtype
     caches = []
     for scale in (K_SCALE, V_SCALE):
         cache = torch.full(shape, NAN, dtype=cache_dtype, device=device)
-        values = torch.randn(len(read), HEADS, head_size, generator=gen).to(dtype)
+        values = torch.randn(len(read), num_kv_heads, head_size, generator=gen).to(dtype)
         entries = _raw(kv_cache(values, dtype, kv_cache_dtype, scale))
-        _raw(cache).view(-1, HEADS, head_size)[read.to(device)] = entries.to(device)
+        _raw(cache).view(-1, num_kv_heads, head_size)[read.to(device)] = entries.to(device)
         caches.append(cache)
-    query = torch.randn(len(positions), HEADS, head_size, generator=gen).to(dtype)
+    query = torch.randn(len(positions), num_heads, head_size, generator=gen).to(dtype)
     # a NaN row after the last token's: a store past the output would reach it
-    guarded = torch.full((len(positions) + 1, HEADS, head_size), NAN, dtype=dtype, device=device)
+    guarded = torch.full(
+        (len(positions) + 1, num_heads, head_size), NAN, dtype=dtype, device=device
+    )
     out = guarded[:-1]
     dev = lambda t: t.to(device)
     paged_attention(
@@ -207,7 +224,8 @@ def test_triton_unified_attention(device, batch, head_size, num_blocks, kv_cache
     expected = []
     for slots, q in zip(seq_slots, query.split([q_len for q_len, _ in seqs]), strict=True):
         k, v = (
-            _raw(c).view(-1, HEADS, head_size)[dev(slots)].cpu().view(cache_dtype) for c in caches
+            _raw(c).view(-1, num_kv_heads, head_size)[dev(slots)].cpu().view(cache_dtype)
+            for c in caches
         )
         expected.append(_reference(q, k, v, head_size**-0.5, kv_cache_dtype))
     expected = torch.cat(expected)
