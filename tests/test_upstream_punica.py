@@ -138,7 +138,6 @@ def _check(device, op, dtype, nslices, batches, num_loras, rank, hidden) -> None
     torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
 
 
-
 @pytest.mark.parametrize(ARGS, _cases(VARIATION))
 def test_kernels(device, op, dtype, nslices, batches, num_loras, rank, hidden) -> None:
     _check(device, op, dtype, nslices, batches, num_loras, rank, hidden)
