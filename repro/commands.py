@@ -10,26 +10,17 @@ this process, ever: the fork server and the children import it).
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
 from harness.fixes import UsageError
 from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED, EXIT_USAGE
+from repro import bench, check, detectors, fuzz, info, matrix, mutants, report, serve
 from repro.common import check_environment, time_limit
 
-# the modules that register subcommands, in the order --help lists them
-SUBCOMMANDS = (
-    "info",
-    "check",
-    "matrix",
-    "fuzz",
-    "detectors",
-    "mutants",
-    "serve",
-    "bench",
-    "report",
-)
+# the modules that register subcommands, in the order --help lists them (imported here, so that
+# a tree whose modules or records do not import is told apart from a command that breaks)
+SUBCOMMANDS = (info, check, matrix, fuzz, detectors, mutants, serve, bench, report)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,8 +31,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="repro", description="Reproducers for GPU inference-engine bugs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name in SUBCOMMANDS:
-        importlib.import_module(f"repro.{name}").add_parser(sub)
+    for module in SUBCOMMANDS:
+        module.add_parser(sub)
     return parser
 
 

@@ -142,7 +142,7 @@ def test_a_tree_whose_bug_code_does_not_import_cannot_be_tested(tmp_path) -> Non
 
 def test_a_tree_whose_records_do_not_import_cannot_be_tested(tmp_path) -> None:
     repo = Repo(tmp_path)
-    record = repo.path / "repro" / "lora_dummy_run" / "__init__.py"
+    record = repo.path / "repro" / "bugs" / "lora_dummy_run" / "__init__.py"
     record.write_text(record.read_text() + "\nimport no_such_module\n")
     done = repro(repo, "check", "moe_align_grid", "--device", "cpu")
     assert done.returncode == 125, done.stdout + done.stderr

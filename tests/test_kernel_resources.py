@@ -14,7 +14,7 @@ import torch
 
 from harness.isolate import ROOT
 from kernels.fused_moe_lora import fused_moe_lora_shrink
-from kernels.split_kv_attention import plan_schedule
+from kernels.paged_attention import paged_attention
 
 OLD_TILE = """
 from kernels import resources
@@ -65,11 +65,16 @@ def test_the_check_sees_the_tile_the_h100_refused(cpu_only) -> None:
 
 
 def test_launchers_refuse_sizes_their_kernels_cannot_serve(device) -> None:
-    """Head sizes and LoRA ranks are all served (their blocks padded and masked); refused: a
-    split-KV part count that is no power of two, a MoE-LoRA align block below tl.dot's 16."""
+    """Head sizes, LoRA ranks and split-KV part counts are all served (their blocks padded and
+    masked); refused: a MoE-LoRA align block below tl.dot's 16, grouped heads that do not
+    divide the query heads."""
     i32 = dict(dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="num_parts = 6"):
-        plan_schedule(torch.ones(4, **i32), torch.empty(6, 4, **i32), torch.empty(4, **i32))
+    q = torch.zeros(2, 6, 16, device=device)
+    cache = torch.zeros(1, 4, 4, 16, device=device)
+    table, rows = torch.zeros(2, 1, **i32), torch.zeros(2, **i32)
+    positions = torch.zeros(2, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="num_heads = 6 is not a multiple of num_kv_heads = 4"):
+        paged_attention(q, cache, cache, table, rows, positions, q, 1.0, 4)
     x, lora_a = torch.zeros(3, 32, device=device), torch.zeros(1, 2, 4, 32, device=device)
     align = (torch.zeros(1, 24, **i32), torch.zeros(1, 3, **i32), torch.zeros(1, **i32))
     ids = torch.zeros(2, **i32)
