@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from kernels import interpret
+
+interpret.install()  # CPU runs: Triton's interpreter without its repeated patches
+
 # The dtypes of upstream's inputs, weights and outputs; every kernel accumulates in float32
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

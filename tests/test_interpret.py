@@ -1,0 +1,85 @@
+"""kernels.interpret: Triton's interpreter without its repeated patches gives the same values,
+and patches each module once per launch instead of once per helper call. Runs where Triton
+interprets (CPU runs); skipped where it compiles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from kernels import interpret
+
+interpreter = pytest.importorskip("triton.runtime.interpreter")
+if not isinstance(tl.sum, interpreter.InterpretedFunction):
+    pytest.skip("Triton was imported to compile (TRITON_INTERPRET unset)", allow_module_level=True)
+
+ROWS, TILES, COLS = 3, 4, 8
+
+
+@triton.jit
+def _scaled_max(x, scale):
+    return tl.max(x, axis=0) * scale
+
+
+@triton.jit
+def _rows(x_ptr, out_ptr, COLS: tl.constexpr, TILES: tl.constexpr):
+    """Per program (a row), over its tiles: the sum of each tile's doubled max and its sum;
+    helpers (tl.zeros, tl.sum, tl.max, and _scaled_max of this file) called in a loop."""
+    r = tl.program_id(0)
+    acc = tl.zeros([], tl.float32)
+    for i in range(TILES):
+        tile = tl.load(x_ptr + (r * TILES + i) * COLS + tl.arange(0, COLS))
+        acc += _scaled_max(tile, 2.0) + tl.sum(tile, axis=0)
+    tl.store(out_ptr + r, acc)
+
+
+def _launch() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(ROWS, TILES, COLS, generator=torch.Generator().manual_seed(0))
+    out = torch.full((ROWS,), float("nan"))
+    _rows[(ROWS,)](x, out, COLS=COLS, TILES=TILES)
+    return out, (x.amax(-1) * 2 + x.sum(-1)).sum(-1)
+
+
+def _counted_launch(calls: list[str]) -> torch.Tensor:
+    calls.clear()
+    out, expected = _launch()
+    torch.testing.assert_close(out, expected)
+    return out
+
+
+def test_same_values_with_one_patch_per_module_per_launch() -> None:
+    assert interpret.install(), "kernels.interpret does not fit this Triton's interpreter"
+    calls: list[str] = []
+    interpret.uninstall()
+    original = interpreter._patch_lang
+    interpreter._patch_lang = lambda fn: calls.append(fn.__name__) or original(fn)
+    try:
+        shipped = _counted_launch(calls)
+        shipped_patches = len(calls)
+        interpret.install()  # over the counting patch
+        fast = _counted_launch(calls)
+        fast_patches = len(calls)
+    finally:
+        interpret.uninstall()
+        interpreter._patch_lang = original
+        interpret.install()
+    assert torch.equal(shipped, fast)
+    # shipped: the launch, then per program tl.zeros and per tile _scaled_max, tl.max, tl.sum
+    assert shipped_patches == 1 + ROWS * (1 + TILES * 3)
+    # the launch (its kernel sees tl), the first helper that sees tl.core (standard.py's)
+    assert fast_patches == 2, calls
+
+
+def test_install_is_idempotent_and_uninstall_restores() -> None:
+    assert interpret.install() and interpret.install()
+    installed = interpreter._patch_lang
+    interpret.uninstall()
+    try:
+        assert interpreter._patch_lang is not installed
+        out, expected = _launch()
+        torch.testing.assert_close(out, expected)
+    finally:
+        interpret.install()
+    assert interpreter._patch_lang is not installed  # a fresh closure, same behaviour
