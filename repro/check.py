@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 
 from harness import device as devices
-from harness.fixes import UsageError, Variant, describe, parse_fix, select_variant
+from harness.fixes import ALL_FIXES, UsageError, Variant, describe, parse_fix, select_variant
 from harness.isolate import (
     SANITIZER_TOOLS,
     Interrupted,
@@ -79,6 +79,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--fail-fast",
         action="store_true",
         help="one scenario at a time, none after a failure (reported skipped)",
+    )
+    check.add_argument(
+        "--suspect",
+        metavar="PART",
+        help="run first the scenarios that show this fix part's absence (with --fail-fast: "
+        "a regression of PART ends the check sooner); repro mutants passes each mutant's part",
     )
     check.add_argument("--json", metavar="FILE", help="write the verdict and results as JSON")
     check.set_defaults(run=cmd_check)
@@ -150,7 +156,7 @@ def plan(args: argparse.Namespace) -> Plan:
         raise UsageError("--sanitizer checks GPU memory accesses: it needs --device cuda")
     device = devices.resolve(choice)
     cap = time_limit(args)
-    jobs = tuple(
+    jobs = [
         Job(
             bug.id,
             s.name,
@@ -164,8 +170,14 @@ def plan(args: argparse.Namespace) -> Plan:
         )
         for s in bug.scenarios
         if not args.scenario or s.name in args.scenario
-    )
-    return Plan(bug, fixes, device, jobs)
+    ]
+    suspect = getattr(args, "suspect", None)
+    if suspect:
+        _own_parts(bug, [suspect])
+        without = ALL_FIXES - {parse_fix(suspect)}
+        shows = {s.name for s in bug.scenarios if s.expected(without, device) != Outcome.PASS}
+        jobs.sort(key=lambda job: job.scenario not in shows)  # stable: the record's order else
+    return Plan(bug, fixes, device, tuple(jobs))
 
 
 def _why_not(plan: Plan, isolator: Isolator, sanitizer: bool) -> str | None:

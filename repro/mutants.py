@@ -292,8 +292,9 @@ def _start(bug: str, mutant: Mutant, device: str, pristine: Path, copy: Path, en
     env = dict(env)
     if mutant.file.startswith("csrc/"):
         env["REPRO_CACHE_DIR"] = str(copy / ".cache")  # the mutant's own build
+    check = [sys.executable, "-m", "repro", "check", bug, "--device", device, "--fail-fast"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "repro", "check", bug, "--device", device, "--fail-fast"],
+        check + (["--suspect", mutant.part.value] if mutant.part else []),
         cwd=copy,
         env=env,
         stdout=subprocess.PIPE,

@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from harness import device as devices
+from harness.fixes import UsageError
 from repro import registry
 from repro.commands import dispatch
 from repro.registry import BUGS
@@ -321,3 +322,22 @@ def test_matrix_honours_repro_device(tmp_path, device) -> None:
         done = entry_point("matrix", "--bug", "lora_dummy_run", env={"REPRO_DEVICE": "cuda"})
         assert done.returncode == 125
         assert "cuda: skipped: no CUDA device is available" in done.stderr
+
+
+@pytest.mark.moe_align_grid
+def test_check_runs_a_suspect_parts_scenarios_first() -> None:
+    from repro.check import plan
+    from repro.commands import build_parser
+
+    def order(*extra: str) -> list[str]:
+        args = build_parser().parse_args(["check", "moe_align_grid", "--device", "cpu", *extra])
+        return [job.scenario for job in plan(args).jobs]
+
+    record = order()
+    suspect = order("--suspect", "moe_align_sort_adapter_check")
+    assert suspect[:2] == ["disabled_adapter", "triton_twin"]  # the part's scenarios first
+    assert sorted(suspect) == sorted(record) and suspect[2:] == [
+        s for s in record if s not in suspect[:2]
+    ]
+    with pytest.raises(UsageError, match="a fix part of lora_dummy_run"):
+        order("--suspect", "lora_dummy_mapping")

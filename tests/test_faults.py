@@ -107,13 +107,14 @@ def test_killed_parent_takes_the_server_and_every_child_with_it(tmp_path) -> Non
 
 def test_killed_server_is_replaced_and_the_matrix_completes() -> None:
     tag = procs.new_tag()
-    proc = start(tag, "matrix", "--bug", "lora_dummy_run", "--device", "cpu", "--repeat", "3")
+    # a light matrix (one scenario of about 2 s), long enough to kill its server mid-way
+    proc = start(tag, "matrix", "--bug", "block_table_wake", "--device", "cpu", "--repeat", "4")
     victim = procs.wait_until(lambda: child_of_server(proc.pid, tag) and server_of(proc.pid, tag))
     assert victim, "no server with a child appeared"
     os.kill(victim, signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
-    runs = 2 * 3 * DUMMY_SCENARIOS
+    runs = 2 * 4 * len(registry.get("block_table_wake").scenarios)
     assert f"{runs}/{runs} runs as expected" in out
     assert procs.survivors(tag) == []
 

@@ -32,6 +32,8 @@ from tests.test_faults import DUMMY, child_of_server, first_progress_line, serve
 NOBODY = 65534
 WARM = {"REPRO_SERVER": "auto"}  # conftest turns warm servers off for the tests themselves
 DUMMY_RUNS = 2 * len(registry.get("lora_dummy_run").scenarios)  # fixed and buggy
+# a light matrix for the tests that kill or stop its server: one scenario of about 2 s
+LIGHT, LIGHT_RUNS = "block_table_wake", 2 * len(registry.get("block_table_wake").scenarios)
 
 
 def run(*argv: str, env: dict | None = None, cwd=None, timeout: float = 300):
@@ -248,13 +250,13 @@ def test_a_stopped_server_is_replaced_and_every_run_counts_once() -> None:
     """SIGSTOP the private server: its children finish unreported; the client notices, kills it,
     runs them again on a fresh one; no run is a timeout, none is counted twice."""
     tag = procs.new_tag()
-    argv = ("matrix", "--bug", "lora_dummy_run", "--device", "cpu")
+    argv = ("matrix", "--bug", LIGHT, "--device", "cpu", "--repeat", "2")
     proc = start(tag, *argv)
     victim = procs.wait_until(lambda: child_of_server(proc.pid, tag) and server_of(proc.pid, tag))
     assert victim, "no server with a child appeared"
     os.kill(victim, signal.SIGSTOP)
     out, _ = proc.communicate(timeout=240)
-    runs = DUMMY_RUNS
+    runs = 2 * LIGHT_RUNS
     progress = re.findall(r"^\[\s*(\d+)/(\d+)\]", out, re.MULTILINE)
     assert [int(done) for done, _ in progress] == list(range(1, runs + 1)), out
     assert {int(total) for _, total in progress} == {runs}
