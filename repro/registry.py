@@ -15,6 +15,7 @@ from repro.bugs import (
     lora_graph_capture,
     moe_align_grid,
     moe_lora_consumer_grid,
+    partial_wake_forward,
     spec_capture_state,
     spec_prewarm_captured_state,
 )
@@ -31,6 +32,7 @@ BUGS: tuple[BugRecord, ...] = (
     capture_first_call.RECORD,
     spec_prewarm_captured_state.RECORD,
     level2_sleep_state.RECORD,
+    partial_wake_forward.RECORD,
 )
 
 
