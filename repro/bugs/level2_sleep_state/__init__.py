@@ -50,8 +50,9 @@ RECORD = BugRecord(
         ),
     ),
     history=(
-        "Verified upstream (search): PR #16889 (merged 2025-04, fixes issue #16564) saves the "
-        "buffers at a level-2 sleep and restores them at wake. Its restore first ran on any "
+        "Verified upstream (search): PR #16889 (merged; opened 2025-04-20, approved "
+        "2025-04-21; fixes issue #16564) saves the buffers at a level-2 sleep and restores "
+        "them at wake. Its restore first ran on any "
         "wake: #45619 (closed) and #49774 (merged) gate it on the weights tag, since a "
         "wake_up([kv_cache]) first copied into unmapped weights memory and then dropped the "
         "saved copy; #49774 also saves a speculator's draft-model buffers. Relatives: "
@@ -63,6 +64,8 @@ RECORD = BugRecord(
         "sees them; #57163 (open) finds scales rebound as parameters that the save misses. "
         "Not a second fix part here: this runner's KV cache is in the model's dtype, so no KV "
         "scale sits on its compute path (the kernels take fp8 scales; the runner passes none). "
+        "vLLM's Gemma models register their normalizer (sqrt(hidden_size), in the model's "
+        "dtype) as a non-persistent buffer, as this runner's decoder does. "
         "Issue #29341 and NeMo-RL #2631 report level-2 gibberish after a weights-only reload. "
         "Not verified: the exact diff of #16889 (only its title, issue and later code that "
         "carries it were read). Relatives in this catalogue: block_table_wake (state in the "

@@ -67,8 +67,8 @@ RECORD = BugRecord(
         ),
     ),
     history=(
-        "Verified upstream (search): PR #44483 (merged, fixes issue #44395, vLLM 0.22.0, "
-        "Qwen3-30B-A3B with TP 2, DP 2, expert parallel) gates resume_scheduler on "
+        "Verified upstream (search): PR #44483 (merged; opened 2026-06-04; fixes issue #44395, "
+        "vLLM 0.22.0, Qwen3-30B-A3B with TP 2, DP 2, expert parallel) gates resume_scheduler on "
         "not is_sleeping; after review it also guards the DP loop's execute_dummy_batch on "
         "is_sleeping: its author's pure-vLLM DP repro was sleep(level=1) then sleep(level=0), "
         "whose pause completion sets engines_running for the consensus all-reduce, and the "
