@@ -37,6 +37,12 @@ class Fix(enum.Enum):
     # #44253's hazard in the speculator; modelled on vLLM #48261 (fresh speculator metadata
     # for every warm-up and capture pass): the eager pass gets a disposable state
     SPEC_DISPOSABLE_PREWARM_STATE = "spec_disposable_prewarm_state"
+    # vLLM #16889 (level2_sleep_state; for issue #16564): buffers saved to host before a
+    # level-2 sleep, restored when the weights wake
+    SLEEP_SAVED_BUFFERS = "sleep_saved_buffers"
+    # vLLM #44483 (partial_wake_forward; for issue #44395): resume scheduling, and let an idle
+    # data-parallel rank run its dummy batch, only once every memory tag is awake
+    FULLY_AWAKE_GATE = "fully_awake_gate"
 
 
 Variant = frozenset[Fix]

@@ -44,6 +44,7 @@ def step_reference(
         if s != -1:
             row = _d(model.embed_a)[s * c.vocab_size + tokens[t]]
             h[t] += row @ _d(model.embed_b[0, s]).T
+    h = h * c.embed_scale  # the config's value, not the runner's live buffer
     width = c.hidden_size // model.LAYER_SLICES
     if not dummy:
         h = h + _attention(runner, 0, h, requests)

@@ -10,10 +10,12 @@ from repro.bugs import (
     block_table_wake,
     capture_first_call,
     lazy_attn_state,
+    level2_sleep_state,
     lora_dummy_run,
     lora_graph_capture,
     moe_align_grid,
     moe_lora_consumer_grid,
+    partial_wake_forward,
     spec_capture_state,
     spec_prewarm_captured_state,
 )
@@ -29,6 +31,8 @@ BUGS: tuple[BugRecord, ...] = (
     spec_capture_state.RECORD,
     capture_first_call.RECORD,
     spec_prewarm_captured_state.RECORD,
+    level2_sleep_state.RECORD,
+    partial_wake_forward.RECORD,
 )
 
 

@@ -98,6 +98,8 @@ REQUIRED_AXES = {
     "block_table_graph_wake": {**GRAPHS, **WAKE},
     "moe_align_grid": ADAPTERS,
     "moe_lora_consumer_grid": {**ADAPTERS, "graph_modes": {"FULL"}},
+    "level2_sleep_state": {**WAKE, "wakes": {"all at once", "staged", "staged, kv_cache first"}},
+    "partial_wake_forward": {**WAKE, "wakes": {"staged", "staged, kv_cache first"}},
 }
 
 

@@ -1,7 +1,8 @@
 """A tiny seeded decoder with LoRA on its embedding, its MLPs, its experts and its LM head.
 
-embed (+ LoRA: gather A rows at input_ids + embeddings_indices[1][:n], then expand)
--> 2 layers of [h += attention(h), h = MLP(h)] -> logits of the sampled rows (+ LoRA).
+embed (+ LoRA: gather A rows at input_ids + embeddings_indices[1][:n], then expand) times the
+normalizer -> 2 layers of [h += attention(h), h = MLP(h)] -> logits of the sampled rows
+(+ LoRA).
 Attention (layer i uses KV-cache group i): q, k, v = rms_norm(h) @ W, K/V written through the
 slot mapping, causal attention through the block table (paged; uniform decode batches may use
 the split-KV decode backend), h += o @ Wo.T. The attention op is the one piece of device work
@@ -15,6 +16,9 @@ CUDA C++ on the GPU, its Triton twin on the CPU), the fused shrink that consumes
 outputs, an expand.
 LM head: logits[r] = h[logits_indices[r]] @ head.T + scale * (h @ A.T) @ B.T with the request's
 adapter (the punica wrapper's prompt mapping). Base weights and adapters are small integers.
+The normalizer is the model's one buffer (`named_buffers`): it lives in the weights pool with
+the base weights but is derived from the config, so reload_weights() (the checkpoint) does not
+write it.
 Weights, activations and the KV cache are in the runner's dtype (float32, bfloat16 or float16:
 kernels accumulate in float32 and round each store once; the LoRA shrink buffers stay float32,
 as upstream's). All device work goes through `launch`.
@@ -58,6 +62,9 @@ class ModelConfig:
     num_experts: int = 8
     top_k: int = 2
     seed: int = 0
+    # the embedding's normalizer (Gemma: sqrt(hidden_size)), a buffer, not a checkpoint
+    # parameter; 1.0 leaves every output as it was before the normalizer existed
+    embed_scale: float = 1.0
 
 
 def _ints(gen: torch.Generator, *shape: int, low: int = -1, high: int = 2) -> torch.Tensor:
@@ -88,6 +95,7 @@ class TinyLoRADecoder:
         self.embed, self.head = place(weights["embed"]), place(weights["head"])
         self.mlp, self.experts = place(weights["mlp"]), place(weights["experts"])
         self.router = weights["router"].to(device)  # [vocab, top_k] int32
+        self.normalizer = place(torch.tensor([c.embed_scale], dtype=self.dtype))  # [1]
         self.attn = [[place(w) for w in ws] for ws in weights["attn"]]  # per layer q, k, v, o
         self.decode_backend: FlashMLABackend | None = None  # set by the runner's config
         self.moe = MoEConfig()  # set by the runner: align backend and fix switches
@@ -136,6 +144,10 @@ class TinyLoRADecoder:
         for mine, fresh in zip(self.attn, weights["attn"], strict=True):
             for w, f in zip(mine, fresh, strict=True):
                 w.copy_(f)
+
+    def named_buffers(self) -> dict[str, torch.Tensor]:
+        """The model's buffers: state the forward reads that is no checkpoint parameter."""
+        return {"normalizer": self.normalizer}
 
     def load_lora(self, slot: int, seed: int, experts: bool = True) -> None:
         """Write a seeded adapter into `slot` of every stacked LoRA tensor. `experts=False`: an
@@ -194,11 +206,12 @@ class TinyLoRADecoder:
         h = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
         if wrappers is None:
             launch(_embed_base, input_ids, self.embed, h)
-            return h
-        a_rows = torch.empty(1, n, c.max_lora_rank, dtype=self.dtype, device=self.device)
-        offsets = wrappers[0].embeddings_indices[1, :n]
-        launch(_embed, input_ids, offsets, self.embed, self.embed_a, h, a_rows)
-        wrappers[0].add_lora_embedding(h, a_rows, self.embed_b, launch)
+        else:
+            a_rows = torch.empty(1, n, c.max_lora_rank, dtype=self.dtype, device=self.device)
+            offsets = wrappers[0].embeddings_indices[1, :n]
+            launch(_embed, input_ids, offsets, self.embed, self.embed_a, h, a_rows)
+            wrappers[0].add_lora_embedding(h, a_rows, self.embed_b, launch)
+        launch(torch.mul, h, self.normalizer, out=h)
         return h
 
     def _mlp(self, h, wrappers, launch: Launcher) -> torch.Tensor:

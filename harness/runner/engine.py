@@ -1,0 +1,75 @@
+"""The engine core around a worker: the scheduler's pause, the requests waiting for it, and one
+iteration of the busy loop (upstream: EngineCore, and DPEngineCoreProc for data parallelism).
+
+sleep(level) pauses scheduling, then puts the worker to sleep (level 0: the pause only);
+wake_up(tags) wakes the worker's tags and resumes scheduling. An idle rank of a data-parallel
+group runs a dummy batch on every iteration while the engines run (its peers serve, or a pause
+needs the ranks' consensus), to stay in step with its peers' collectives. The fix part of
+vLLM #44483 lives here: no resume, and no forward, dummy included, while a tag still sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.fixes import Fix
+from harness.runner.input_batch import Request
+from harness.runner.model_runner import ModelOutput
+from harness.runner.worker import Worker
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStep:
+    """What one iteration ran: the scheduled requests' step, or a dummy batch (no requests)."""
+
+    requests: list[Request]
+    output: ModelOutput
+
+
+class EngineCore:
+    def __init__(self, worker: Worker, idle_dp_rank: bool = False) -> None:
+        """`idle_dp_rank`: a rank of a data-parallel group whose peers serve requests."""
+        self.worker, self.fixes = worker, worker.fixes
+        self.idle_dp_rank = idle_dp_rank
+        self.paused = False  # the scheduler's pause: no request is scheduled
+        self.waiting: list[tuple[int, ...]] = []
+
+    def add_request(self, token_ids: Sequence[int]) -> None:
+        self.waiting.append(tuple(token_ids))
+
+    def sleep(self, level: int = 1) -> None:
+        self.paused = True
+        if self.idle_dp_rank:
+            # NOTE: a data-parallel pause completes by the ranks' consensus (an all-reduce in
+            # the loop): the pause kicks the idle ranks into one more iteration
+            self._iterate(consensus=True)
+        if level:
+            self.worker.sleep(level)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        self.worker.wake_up(tags)
+        if Fix.FULLY_AWAKE_GATE in self.fixes and self.worker.is_sleeping:
+            return  # fix: fully_awake_gate -- a partial wake: a tag's memory is still released
+        self.paused = False
+
+    def step(self) -> EngineStep | None:
+        """One iteration of the busy loop (None: nothing ran)."""
+        return self._iterate(consensus=False)
+
+    def _iterate(self, consensus: bool) -> EngineStep | None:
+        if self.waiting and not self.paused:
+            return self._schedule()
+        if not self.idle_dp_rank or (self.paused and not consensus):
+            return None
+        if Fix.FULLY_AWAKE_GATE in self.fixes and self.worker.is_sleeping:
+            # fix: fully_awake_gate -- whatever kicked the loop, no dummy forward while asleep
+            return None
+        return EngineStep([], self.worker.execute_dummy_batch())
+
+    def _schedule(self) -> EngineStep:
+        """Every waiting request's prefill, in one step (earlier requests are forgotten)."""
+        requests = [Request(f"req{i}", tokens) for i, tokens in enumerate(self.waiting)]
+        self.waiting = []
+        self.worker.model_runner.kv_cache.reset()
+        return EngineStep(requests, self.worker.execute_model(requests))
