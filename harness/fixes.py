@@ -37,6 +37,10 @@ class Fix(enum.Enum):
     # #44253's hazard in the speculator; modelled on vLLM #48261 (fresh speculator metadata
     # for every warm-up and capture pass): the eager pass gets a disposable state
     SPEC_DISPOSABLE_PREWARM_STATE = "spec_disposable_prewarm_state"
+    # vLLM #35219 (kv_block_stale_nan; ported to Model Runner V2 by #43990, generalized by #51749)
+    ZERO_NEW_KV_BLOCKS = "zero_new_kv_blocks"
+    # vLLM #22726 (sleep_prefix_cache)
+    RESET_PREFIX_CACHE_ON_SLEEP = "reset_prefix_cache_on_sleep"
 
 
 Variant = frozenset[Fix]

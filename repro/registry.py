@@ -9,6 +9,7 @@ from repro.bugs import (
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
+    kv_block_stale_nan,
     lazy_attn_state,
     lora_dummy_run,
     lora_graph_capture,
@@ -29,6 +30,7 @@ BUGS: tuple[BugRecord, ...] = (
     spec_capture_state.RECORD,
     capture_first_call.RECORD,
     spec_prewarm_captured_state.RECORD,
+    kv_block_stale_nan.RECORD,
 )
 
 

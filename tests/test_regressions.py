@@ -98,6 +98,7 @@ REQUIRED_AXES = {
     "block_table_graph_wake": {**GRAPHS, **WAKE},
     "moe_align_grid": ADAPTERS,
     "moe_lora_consumer_grid": {**ADAPTERS, "graph_modes": {"FULL"}},
+    "kv_block_stale_nan": {"sleep_levels": {1, 2}},
 }
 
 

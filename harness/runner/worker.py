@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from harness.fixes import Fix
 from harness.runner.model_runner import ModelRunner, RunnerConfig
 from harness.runner.sleep_mode import make_pools
 
@@ -22,6 +23,9 @@ class Worker:
     def sleep(self, level: int = 1) -> None:
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if Fix.RESET_PREFIX_CACHE_ON_SLEEP in self.model_runner.fixes:
+            # fix: reset_prefix_cache_on_sleep -- every level discards what cached blocks hold.
+            self.model_runner.kv_cache.reset_prefix_cache()
         self.pools.sleep(offload_tags=("weights",) if level == 1 else ())
         self.sleep_level = level
 
