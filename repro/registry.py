@@ -15,6 +15,7 @@ from repro.bugs import (
     lora_graph_capture,
     moe_align_grid,
     moe_lora_consumer_grid,
+    sleep_prefix_cache,
     spec_capture_state,
     spec_prewarm_captured_state,
 )
@@ -31,6 +32,7 @@ BUGS: tuple[BugRecord, ...] = (
     capture_first_call.RECORD,
     spec_prewarm_captured_state.RECORD,
     kv_block_stale_nan.RECORD,
+    sleep_prefix_cache.RECORD,
 )
 
 

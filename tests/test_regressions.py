@@ -99,6 +99,7 @@ REQUIRED_AXES = {
     "moe_align_grid": ADAPTERS,
     "moe_lora_consumer_grid": {**ADAPTERS, "graph_modes": {"FULL"}},
     "kv_block_stale_nan": {"sleep_levels": {1, 2}},
+    "sleep_prefix_cache": WAKE,
 }
 
 
