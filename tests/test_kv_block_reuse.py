@@ -81,10 +81,6 @@ def _runner(device, fixes=ALL_FIXES, **config) -> ModelRunner:
     return ModelRunner(dataclasses.replace(hybrid_config(Context(fixes, device)), **config))
 
 
-def _step(runner: ModelRunner, tokens: list[int], start: int = 0) -> torch.Tensor:
-    return runner.execute_model([Request("r0", tuple(tokens[start:]), 0, start)]).logits
-
-
 def test_freed_blocks_are_reused_least_recently_freed_first_last_block_first(device) -> None:
     runner = _runner(device)
     kv = runner.kv_cache
@@ -110,27 +106,31 @@ def test_new_blocks_are_recorded_per_step_state_blocks_are_not(device) -> None:
 
 def test_the_state_group_writes_its_window_into_group_0s_value_page(device) -> None:
     runner = _runner(device)
-    _step(runner, [1, 2, 3, 4, 5])
     kv = runner.kv_cache
+    kv.ensure_blocks(0, 5)
+    runner._update_states([Request("r0", (1, 2, 3, 4, 5))])
     page = kv.state_pages[kv.state_blocks[0]].cpu()
     assert page[:WINDOW].tolist() == [5, 4, 3] and (page[WINDOW:] == -1).all()
     values = kv.v_caches[0][kv.state_blocks[0]].cpu()
     assert values.flatten()[WINDOW:].isnan().all(), "-1 words must read as NaN K/V"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "buggy"])
-def test_a_recycled_state_block_reaches_the_next_requests_decode(device, fixed) -> None:
-    """A's state block becomes B's last page: zeroed before B's prefill (fixed), or still -1
-    words past B's tokens, which B's decode weighs by 0: NaN logits (buggy)."""
-    runner = _runner(device, ALL_FIXES if fixed else ALL_FIXES - {Fix.ZERO_NEW_KV_BLOCKS})
+def test_a_recycled_state_block_is_zeroed_before_its_next_tenant_reads_it(
+    device, fixed, dtype
+) -> None:
+    """A's state block becomes B's last page: zeroed with B's other new pages before B's step
+    (fixed), or still A's -1 words, NaN K/V in the slots past B's fifth token (buggy)."""
+    fixes = ALL_FIXES if fixed else ALL_FIXES - {Fix.ZERO_NEW_KV_BLOCKS}
+    runner = _runner(device, fixes, dtype=dtype)
     kv = runner.kv_cache
-    _step(runner, [1, 2, 3, 4, 5])
+    kv.ensure_blocks(0, 5)
+    runner._update_states([Request("a", (1, 2, 3, 4, 5))])
     state = kv.state_blocks[0]
     kv.free(0)
-    prefill = _step(runner, [9, 8, 7, 6, 5])
+    kv.ensure_blocks(0, 5)
+    runner._zero_new_blocks()
     assert kv.blocks[0][0][-1] == state
-    unused = kv.v_caches[0][state, 1:].cpu().clone()  # slots past B's fifth token
-    decode = _step(runner, [9, 8, 7, 6, 5, int(prefill.argmax())], 5)
-    assert not prefill.isnan().any()
-    assert bool((unused == 0).all()) == fixed and bool(unused.isnan().all()) != fixed
-    assert bool(decode.isnan().all()) != fixed
+    page = kv.v_caches[0][state].cpu()
+    assert bool((page == 0).all()) == fixed and bool(page[1:].isnan().all()) != fixed
