@@ -43,6 +43,10 @@ class Fix(enum.Enum):
     # vLLM #44483 (partial_wake_forward; for issue #44395): resume scheduling, and let an idle
     # data-parallel rank run its dummy batch, only once every memory tag is awake
     FULLY_AWAKE_GATE = "fully_awake_gate"
+    # vLLM #35219 (kv_block_stale_nan; ported to Model Runner V2 by #43990, generalized by #51749)
+    ZERO_NEW_KV_BLOCKS = "zero_new_kv_blocks"
+    # vLLM #22726 (sleep_prefix_cache)
+    RESET_PREFIX_CACHE_ON_SLEEP = "reset_prefix_cache_on_sleep"
 
 
 Variant = frozenset[Fix]

@@ -93,6 +93,14 @@ def _attention(runner: ModelRunner, i: int, h: torch.Tensor, requests: list[Requ
     return out.reshape(-1, c.hidden_size) @ wo.T
 
 
+def recomputed_logits(runner: ModelRunner, sequences: list[list[int]]) -> torch.Tensor:
+    """[num_sequences, vocab] float64: the logits of each sequence's last token with every
+    position recomputed: nothing is read from the KV cache, so a cache that holds wrong bytes
+    (a stale block, a discarded one) cannot agree with it."""
+    requests = [Request(f"ref{r}", tuple(seq)) for r, seq in enumerate(sequences)]
+    return step_reference(runner, requests)[1]
+
+
 def draft_reference(runner: ModelRunner, hidden_states: torch.Tensor, lens: list[int]):
     """The draft attention of a uniform decode step in float64: split-KV attention over layer
     0's cache with the draft's query (the normalized target hidden state of each request)."""

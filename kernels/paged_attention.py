@@ -1,4 +1,4 @@
-"""Paged KV cache writes and paged causal attention, with float64 references.
+"""Paged KV cache writes, block zeroing and paged causal attention, with float64 references.
 
 KV cache of one group: [num_blocks, block_size, num_heads, head_dim]; token t's K/V go to slot
 slot_mapping[t] = block_number * block_size + offset. A query at position p of batch row b
@@ -144,6 +144,18 @@ def reshape_and_cache(
     )
 
 
+def zero_kv_blocks(
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], any dtype
+    block_ids: torch.Tensor,  # [n] int64, the blocks to zero
+) -> None:
+    """Zero whole blocks (pages) of one K or V cache (upstream: KVBlockZeroer's kernel)."""
+    assert cache.is_contiguous() and block_ids.dtype == torch.int64, block_ids.dtype
+    page = cache[0].numel()
+    _zero_kv_blocks_kernel[(block_ids.shape[0],)](
+        cache, block_ids, PAGE=page, PAGE_PAD=triton.next_power_of_2(page)
+    )
+
+
 def paged_attention(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32 | float16 | bfloat16
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] query's dtype | fp8
@@ -214,6 +226,14 @@ def _reshape_and_cache_kernel(
 
 
 @triton.jit
+def _zero_kv_blocks_kernel(cache_ptr, block_ids_ptr, PAGE: tl.constexpr, PAGE_PAD: tl.constexpr):
+    block = tl.load(block_ids_ptr + tl.program_id(0))
+    cols = tl.arange(0, PAGE_PAD)
+    zero = tl.zeros([PAGE_PAD], cache_ptr.dtype.element_ty)
+    tl.store(cache_ptr + block * PAGE + cols, zero, mask=cols < PAGE)
+
+
+@triton.jit
 def _kv_to_float32(x, scale_ptr):
     """A K or V tile in float32: an fp8 cache's entries times its per-tensor scale."""
     y = x.to(tl.float32)
@@ -240,9 +260,14 @@ def attend_positions(
     DIM_PAD: tl.constexpr,
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    PAGE_LOADS: tl.constexpr,
 ):
     """Online softmax of q (one head, [DIM_PAD] float32, zero past DIM) over positions [lo, hi) of
     one block-table row, reading KV head kv_h of KV_HEADS, in float32.
+
+    PAGE_LOADS: K and V are loaded a whole page (block) at a time, as FA3's and TRTLLM's paged
+    kernels load them; positions outside [lo, hi) are masked by their weight, 0, so whatever
+    bytes sit there are multiplied by it (0 x NaN is NaN). Otherwise only [lo, hi) is loaded.
 
     Returns (running max, denominator, unnormalized output [DIM_PAD], zero past DIM);
     denominator 0: no live position.
@@ -252,22 +277,27 @@ def attend_positions(
     m = tl.full([], float("-inf"), tl.float32)
     denom = tl.zeros([], tl.float32)
     acc = tl.zeros([DIM_PAD], tl.float32)
-    # NOTE: the bound is constexpr (moe_lora_align.py); tiles outside [lo, hi) are skipped
+    if PAGE_LOADS:
+        lo_load, hi_load = lo // block_size * block_size, tl.cdiv(hi, block_size) * block_size
+    else:
+        lo_load, hi_load = lo, hi
+    # NOTE: the bound is constexpr (moe_lora_align.py); tiles outside the loads are skipped
     for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
-        if (p0 < hi) & (p0 + BLOCK_P > lo):
+        if (p0 < hi_load) & (p0 + BLOCK_P > lo_load):
             ps = p0 + tl.arange(0, BLOCK_P)
             live = (ps >= lo) & (ps < hi)
-            block = tl.load(table_row_ptr + ps // block_size, mask=live, other=0).to(tl.int64)
+            loaded = (ps >= lo_load) & (ps < hi_load)
+            block = tl.load(table_row_ptr + ps // block_size, mask=loaded, other=0).to(tl.int64)
             entry = (block * block_size + ps % block_size)[:, None] * KV_HEADS + kv_h
             kv = entry * DIM + dims[None, :]
-            k = tl.load(k_cache_ptr + kv, mask=live[:, None] & in_head[None, :], other=0.0)
+            k = tl.load(k_cache_ptr + kv, mask=loaded[:, None] & in_head[None, :], other=0.0)
             k = _kv_to_float32(k, k_scale_ptr)
             scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=0))
             safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
             correction = tl.exp(m - safe)
             weights = tl.exp(scores - safe)
-            v = tl.load(v_cache_ptr + kv, mask=live[:, None] & in_head[None, :], other=0.0)
+            v = tl.load(v_cache_ptr + kv, mask=loaded[:, None] & in_head[None, :], other=0.0)
             v = _kv_to_float32(v, v_scale_ptr)
             acc = acc * correction + tl.sum(weights[:, None] * v, axis=0)
             denom = denom * correction + tl.sum(weights, axis=0)
@@ -320,6 +350,7 @@ def _paged_attention_kernel(
         DIM_PAD,
         MAX_MODEL_LEN,
         BLOCK_P,
+        False,
     )
     out = (acc / denom).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (t * HEADS + h) * DIM + dims, out, mask=in_head)

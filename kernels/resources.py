@@ -171,8 +171,14 @@ def _attention(
     dtype: torch.dtype = torch.float32,
     fp8_cache: bool = False,
     kv_heads: int | None = None,
+    page_loads: bool = False,  # the hybrid runner's kernels: page-loading decode, block zeroing
 ) -> None:
-    from kernels.paged_attention import FP8_KV_CACHE, paged_attention, reshape_and_cache
+    from kernels.paged_attention import (
+        FP8_KV_CACHE,
+        paged_attention,
+        reshape_and_cache,
+        zero_kv_blocks,
+    )
     from kernels.split_kv_attention import combine_splits, plan_schedule, split_kv_attention
 
     num_tokens, num_reqs, block_size, blocks = 256, 64, 16, 64  # (the cache's length: no shape)
@@ -206,7 +212,10 @@ def _attention(
         1.0,
         max_model_len,
         **scales,
+        page_loads=page_loads,
     )
+    if page_loads:
+        zero_kv_blocks(k_cache, torch.empty(blocks, dtype=torch.int64))
     combine_splits(partial_out, partial_lse, meta, _empty(num_reqs, heads, head_dim, dtype=dtype))
 
 
@@ -264,6 +273,10 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
     (
         "attention, 32 heads x 128, 32768 tokens, 64 parts, bf16",
         lambda: _attention(32, 128, 32768, 64, torch.bfloat16),
+    ),
+    (
+        "attention loading whole pages, and block zeroing, 32 heads x 128, 32768 tokens, bf16",
+        lambda: _attention(32, 128, 32768, 64, torch.bfloat16, page_loads=True),
     ),
     # grouped KV heads and FlashMLA's part counts (no power of two: padded, masked): Llama-3-70B's
     # 64 heads on 8; upstream's MLA test, 128 heads on one latent head of 576, 66 parts

@@ -103,6 +103,7 @@ def split_kv_attention(
     *,
     k_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
     v_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
+    page_loads: bool = False,  # whole pages loaded, unused slots weighted 0 (attend_positions)
 ) -> None:
     num_reqs, heads, dim = query.shape
     num_parts = tile_scheduler_metadata.shape[0]
@@ -132,6 +133,7 @@ def split_kv_attention(
         DIM_PAD=triton.next_power_of_2(dim),
         MAX_MODEL_LEN=max_model_len,
         BLOCK_P=BLOCK_P,
+        PAGE_LOADS=page_loads,
     )
 
 
@@ -220,6 +222,7 @@ def _split_kv_kernel(
     DIM_PAD: tl.constexpr,
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    PAGE_LOADS: tl.constexpr,
 ):
     """One (part, head): a partial softmax over the part's positions of each of its requests,
     first..last (FlashMLA walks the plan's request range the same way); the other requests'
@@ -253,6 +256,7 @@ def _split_kv_kernel(
                 DIM_PAD,
                 MAX_MODEL_LEN,
                 BLOCK_P,
+                PAGE_LOADS,
             )
             has_keys = denom > 0
             lse = tl.where(has_keys, m + tl.log(tl.where(has_keys, denom, 1.0)), float("-inf"))

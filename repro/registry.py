@@ -9,6 +9,7 @@ from repro.bugs import (
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
+    kv_block_stale_nan,
     lazy_attn_state,
     level2_sleep_state,
     lora_dummy_run,
@@ -16,6 +17,7 @@ from repro.bugs import (
     moe_align_grid,
     moe_lora_consumer_grid,
     partial_wake_forward,
+    sleep_prefix_cache,
     spec_capture_state,
     spec_prewarm_captured_state,
 )
@@ -31,7 +33,10 @@ BUGS: tuple[BugRecord, ...] = (
     spec_capture_state.RECORD,
     capture_first_call.RECORD,
     spec_prewarm_captured_state.RECORD,
+    # recycled memory and the sleep lifecycle (issue 22), in upstream fix order
     level2_sleep_state.RECORD,
+    sleep_prefix_cache.RECORD,
+    kv_block_stale_nan.RECORD,
     partial_wake_forward.RECORD,
 )
 

@@ -100,6 +100,8 @@ REQUIRED_AXES = {
     "moe_lora_consumer_grid": {**ADAPTERS, "graph_modes": {"FULL"}},
     "level2_sleep_state": {**WAKE, "wakes": {"all at once", "staged", "staged, kv_cache first"}},
     "partial_wake_forward": {**WAKE, "wakes": {"staged", "staged, kv_cache first"}},
+    "kv_block_stale_nan": {"sleep_levels": {1, 2}},
+    "sleep_prefix_cache": WAKE,
 }
 
 

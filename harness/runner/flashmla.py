@@ -35,8 +35,12 @@ class FlashMLASchedMeta:
 
 
 class FlashMLABackend:
-    def __init__(self, num_parts: int, max_model_len: int, device: str) -> None:
+    def __init__(
+        self, num_parts: int, max_model_len: int, device: str, page_loads: bool = False
+    ) -> None:
+        """`page_loads`: the split kernel loads whole KV pages (TRTLLM's decode kernel does)."""
         self.num_parts, self.max_model_len, self.device = num_parts, max_model_len, device
+        self.page_loads = page_loads
 
     def forward(
         self,
@@ -70,6 +74,7 @@ class FlashMLABackend:
             partial_lse,
             scale,
             self.max_model_len,
+            page_loads=self.page_loads,
         )
         launch(combine_splits, partial_out, partial_lse, state.tile_scheduler_metadata, out)
 

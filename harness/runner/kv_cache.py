@@ -1,5 +1,10 @@
-"""The paged KV cache of every group, its block tables and block allocation, in the kv_cache
-memory pool; and the attention metadata of one step.
+"""The paged KV cache of every group, its block tables and block allocation (free lists, prefix
+caching, a hybrid runner's state blocks), in the kv_cache memory pool; and the attention
+metadata of one step.
+
+NOTE: a freed block keeps its bytes, and its prefix-cache entry, until it is taken again: the
+next tenant reads whatever it does not overwrite (vLLM #35219), and a cache hit reads whatever
+the block holds now (after a sleep: the wake's poison, vLLM #22726).
 
 NOTE: the metadata of a step is views of persistent buffers (input buffers, block tables, slot
 mappings), refreshed in place every step: a captured graph, and the attention a PIECEWISE
@@ -8,6 +13,8 @@ graph runs eagerly between its pieces, read the live step through them.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +22,7 @@ import triton
 
 from harness.runner.block_table import BlockTables, run_now
 from harness.runner.input_batch import InputBatch
+from harness.runner.mamba import state_pages
 from harness.runner.sleep_mode import TaggedPools
 
 TAG = "kv_cache"
@@ -49,24 +57,96 @@ class KVCache:
         pools: TaggedPools,
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        prefix_caching: bool = False,
+        hybrid: bool = False,  # a state group shares group 0's blocks (mamba.py)
     ) -> None:
         self.block_sizes, self.num_blocks = block_sizes, num_blocks
         self.max_model_len, self.seed = max_model_len, seed
+        self.prefix_caching, self.hybrid = prefix_caching, hybrid
         shape = lambda size: (num_blocks, size, num_heads, head_dim)
         self.k_caches = [pools.zeros(TAG, shape(size), dtype) for size in block_sizes]
         self.v_caches = [pools.zeros(TAG, shape(size), dtype) for size in block_sizes]
+        self.state_pages = state_pages(self.v_caches[0]) if hybrid else None
         self.block_tables = BlockTables(
             block_sizes, max_num_reqs, max_num_tokens, max_model_len, pools
         )
         self.reset()
 
     def reset(self) -> None:
-        """Forget every request; blocks are handed out in a seeded order."""
+        """Forget every request and every cached block; blocks are handed out in a seeded
+        order."""
         gen = torch.Generator().manual_seed(self.seed)
-        self.free = [
+        # NOTE: a free list is a queue whose head is its end (allocation pops there) and whose
+        # tail is its start: a freed block queues up behind every free one (upstream's
+        # FreeKVCacheBlockQueue), so blocks are reused least recently freed first
+        self.free_lists = [
             torch.randperm(self.num_blocks, generator=gen).tolist() for _ in self.block_sizes
         ]
-        self.blocks: dict[int, list[list[int]]] = {}
+        self.blocks: dict[int, list[list[int]]] = {}  # row -> each group's block ids
+        self.state_blocks: dict[int, int] = {}  # row -> its state block, one of group 0's
+        self.tokens: dict[int, list[int]] = {}  # row -> its token ids from position 0
+        self.cached: list[dict[int, int]] = [{} for _ in self.block_sizes]  # hash -> block
+        self.block_hash: list[dict[int, int]] = [{} for _ in self.block_sizes]  # block -> hash
+        self.new_block_ids: list[list[int]] = [[] for _ in self.block_sizes]
+
+    def free(self, row: int) -> None:
+        """Request row `row` finished: its blocks queue up at the free lists' tails, each
+        group's last block first (upstream's order), its state block after them; cached blocks
+        stay in the prefix cache until they are taken again."""
+        for g, ids in enumerate(self.blocks.pop(row, [])):
+            self.free_lists[g][:0] = ids
+        if row in self.state_blocks:
+            self.free_lists[0][:0] = [self.state_blocks.pop(row)]
+        self.tokens.pop(row, None)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; refused (False) while a request holds blocks, as
+        upstream's (vLLM #12284)."""
+        if self.blocks:
+            return False
+        for table in (*self.cached, *self.block_hash):
+            table.clear()
+        return True
+
+    def get_computed_blocks(self, row: int, token_ids: Sequence[int]) -> int:
+        """A new request in row `row`: the longest prefix of `token_ids` whose blocks every group
+        has cached and free (whole blocks of every size, never the last token: it is computed)
+        is taken for the row; returns its length (0 without prefix caching)."""
+        if not self.prefix_caching:
+            return 0
+        runs = [self._cached_run(g, token_ids) for g in range(len(self.block_sizes))]
+        sizes = self.block_sizes
+        n = min(min(len(ids) * s for ids, s in zip(runs, sizes, strict=True)), len(token_ids) - 1)
+        n -= n % math.lcm(*sizes)
+        self.blocks[row] = [ids[: n // s] for ids, s in zip(runs, sizes, strict=True)]
+        for g, ids in enumerate(self.blocks[row]):
+            self.free_lists[g] = [b for b in self.free_lists[g] if b not in ids]
+        self.tokens[row] = list(token_ids[:n])
+        return n
+
+    def _cached_run(self, group: int, token_ids: Sequence[int]) -> list[int]:
+        """The cached free blocks of `group` holding token_ids' first whole blocks."""
+        run = []
+        for h in block_hashes(token_ids, self.block_sizes[group]):
+            block = self.cached[group].get(h)
+            if block is None or block not in self.free_lists[group]:  # held: no reference counts
+                break
+            run.append(block)
+        return run
+
+    def _take(self, group: int) -> int:
+        """The head of `group`'s free list; a cached block leaves the prefix cache."""
+        block = self.free_lists[group].pop()
+        h = self.block_hash[group].pop(block, None)
+        if h is not None:
+            del self.cached[group][h]
+        return block
+
+    def take_new_block_ids(self) -> list[list[int]]:
+        """Each group's blocks given to requests since the last call (upstream: the scheduler
+        output's new_block_ids_to_zero; prefix-cache hits are not new)."""
+        new, self.new_block_ids = self.new_block_ids, [[] for _ in self.block_sizes]
+        return new
 
     def fill_random(self, seed: int) -> None:
         """Seeded K/V everywhere: the context of requests whose earlier steps are not run."""
@@ -74,17 +154,37 @@ class KVCache:
         for cache in (*self.k_caches, *self.v_caches):
             cache.copy_(torch.randn(cache.shape, generator=gen))
 
-    def ensure_blocks(self, row: int, seq_len: int) -> None:
-        """Enough blocks in every group for `seq_len` tokens of request row `row`."""
+    def ensure_blocks(self, row: int, seq_len: int, token_ids: Sequence[int] = ()) -> None:
+        """Enough blocks in every group for `seq_len` tokens of request row `row`, whose step
+        schedules `token_ids` (the last ones); a hybrid runner's new request gets a state block
+        first. With prefix caching the row's full blocks are cached."""
         if seq_len > self.max_model_len:
             raise ValueError(
                 f"sequence of {seq_len} tokens over max_model_len {self.max_model_len}"
             )
         owned = self.blocks.setdefault(row, [[] for _ in self.block_sizes])
+        if self.hybrid and row not in self.state_blocks:
+            self.state_blocks[row] = self._take(0)
         for g, size in enumerate(self.block_sizes):
             while len(owned[g]) < triton.cdiv(seq_len, size):
-                owned[g].append(self.free[g].pop())
+                owned[g].append(self._take(g))
+                self.new_block_ids[g].append(owned[g][-1])
+        if self.prefix_caching:
+            self._cache_full_blocks(row, seq_len, token_ids)
         self.block_tables.set_row(row, owned)
+
+    def _cache_full_blocks(self, row: int, seq_len: int, token_ids: Sequence[int]) -> None:
+        """Record the row's token ids; each full block becomes a prefix-cache entry (unless an
+        equal block already is one)."""
+        known, start = self.tokens.get(row, []), seq_len - len(token_ids)
+        if len(known) < start:  # earlier tokens no step scheduled (a seeded context)
+            return
+        tokens = self.tokens[row] = known[:start] + list(token_ids)
+        for g, size in enumerate(self.block_sizes):
+            full = block_hashes(tokens, size)  # the last block may be partial: no hash
+            for block, h in zip(self.blocks[row][g], full, strict=False):
+                if h not in self.cached[g]:
+                    self.cached[g][h], self.block_hash[g][block] = block, h
 
     def slot(self, group: int, row: int, position: int) -> int:
         """Where position `position` of request row `row` lives in group `group` (host side)."""
@@ -118,3 +218,13 @@ class KVCache:
             self.max_model_len,
             batch.uniform_decode,
         )
+
+
+def block_hashes(token_ids: Sequence[int], size: int) -> list[int]:
+    """The hash of each whole block of `token_ids`, chained with its prefix's (upstream's block
+    hash: the parent's hash and the block's token ids)."""
+    hashes, parent = [], 0
+    for start in range(0, len(token_ids) - size + 1, size):
+        parent = hash((parent, tuple(token_ids[start : start + size])))
+        hashes.append(parent)
+    return hashes

@@ -33,11 +33,12 @@ from harness.runner.lora import (
     MoEConfig,
     PunicaWrapper,
 )
+from harness.runner.mamba import update_conv_state
 from harness.runner.model import ModelConfig, TinyLoRADecoder, rms_norm
 from harness.runner.sleep_mode import TaggedPools, make_pools
 from kernels.fused_moe_lora import ConsumerFixes
 from kernels.moe_lora_align import AlignFixes
-from kernels.paged_attention import reshape_and_cache
+from kernels.paged_attention import reshape_and_cache, zero_kv_blocks
 
 FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
 # The switches of kernels/moe_lora_align.AlignFixes, in order.
@@ -62,7 +63,8 @@ class RunnerConfig:
     cudagraph_sizes: tuple[int, ...] = (4, 8, 16)
     enable_lora: bool = True
     specialize_active_lora: bool = False  # one graph per active-LoRA count (upstream's flag)
-    decode_backend: str = "paged"  # "flashmla": split-KV for uniform decode, planned lazily
+    decode_backend: str = "paged"  # "flashmla": split-KV for uniform decode, planned lazily;
+    # "trtllm": the same, loading whole KV pages (unused slots weighted 0), as TRTLLM's does
     draft_attention: bool = False  # a speculator's draft attention on the captured states
     block_sizes: tuple[int, ...] = (4, 16)  # one KV-cache group per layer
     num_kv_blocks: int = 64  # per group
@@ -71,6 +73,8 @@ class RunnerConfig:
     # the block-table gather and slot mappings run in the forward, so graphs hold them (and the
     # layout tensors' addresses), as upstream's fused draft decode graph does (vLLM #46849)
     tables_in_graph: bool = False
+    enable_prefix_caching: bool = False  # generate() reuses cached blocks of a prompt's prefix
+    hybrid: bool = False  # a Mamba-like state group shares group 0's blocks (mamba.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +109,17 @@ class ModelRunner:
             self.pools,
             self.model.dtype,
             m.seed,
+            c.enable_prefix_caching,
+            c.hybrid,
         )
         self.model.moe = MoEConfig(
             "cuda" if self.device == "cuda" else "triton",
             AlignFixes(*(part in self.fixes for part in ALIGN_PARTS)),
             consumer=ConsumerFixes(*(part in self.fixes for part in CONSUMER_PARTS)),
         )
-        backend = FlashMLABackend(c.num_splits, c.max_model_len, self.device)
-        self.model.decode_backend = backend if c.decode_backend == "flashmla" else None
+        pages = c.decode_backend == "trtllm"
+        backend = FlashMLABackend(c.num_splits, c.max_model_len, self.device, pages)
+        self.model.decode_backend = backend if c.decode_backend != "paged" else None
         self.draft = (
             DraftAttention(backend, m.num_heads, rms_norm, c.fixes) if c.draft_attention else None
         )
@@ -185,7 +192,10 @@ class ModelRunner:
             requests, desc.num_tokens if desc else n, desc.num_reqs if desc else r
         )
         for row, q in enumerate(requests):
-            self.kv_cache.ensure_blocks(row, q.num_computed_tokens + len(q.token_ids))
+            self.kv_cache.ensure_blocks(row, q.num_computed_tokens + len(q.token_ids), q.token_ids)
+        self._zero_new_blocks()
+        if self.config.hybrid:
+            self._update_states(requests)
         if desc is None or not self.config.tables_in_graph:  # else the graph gathers
             attn = self.kv_cache.metadata(batch)
         if self.config.enable_lora:
@@ -194,6 +204,28 @@ class ModelRunner:
         if desc is None:
             return self._eager(batch, attn)
         return self._replay(desc, batch)
+
+    def _zero_new_blocks(self) -> None:
+        """Zero the blocks this step's requests were given, before any kernel reads them
+        (upstream: the scheduler's new_block_ids_to_zero, zeroed by the worker's KVBlockZeroer
+        where the KV cache needs it: a hybrid runner, whose blocks change tenants and dtypes)."""
+        new = self.kv_cache.take_new_block_ids()
+        if not self.config.hybrid or Fix.ZERO_NEW_KV_BLOCKS not in self.fixes:
+            return
+        # fix: zero_new_kv_blocks -- a recycled block's bytes may read as NaN in this dtype.
+        for g, ids in enumerate(new):
+            if ids:
+                block_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+                for cache in (self.kv_cache.k_caches[g], self.kv_cache.v_caches[g]):
+                    self.launch(zero_kv_blocks, cache, block_ids)
+
+    def _update_states(self, requests: list[Request]) -> None:
+        """The hybrid runner's state group: each request's window, in its state block."""
+        kv = self.kv_cache
+        for row, q in enumerate(requests):
+            ids = torch.tensor(q.token_ids, dtype=torch.int32, device=self.device)
+            fresh = q.num_computed_tokens == 0
+            self.launch(update_conv_state, kv.state_pages[kv.state_blocks[row]], ids, fresh)
 
     def _eager(self, batch: InputBatch, attn: AttentionMetadata) -> ModelOutput:
         attn.sched = FlashMLASchedMeta()  # eager attention plans for this step
@@ -355,19 +387,26 @@ class ModelRunner:
         self, prompts: list[list[int]], max_new_tokens: int, use_cudagraph: bool = False
     ) -> tuple[list[list[int]], list[tuple[list[Request], torch.Tensor]]]:
         """Greedy tokens per prompt (one prefill step, then one decode step per new token),
-        and each step's requests and logits."""
-        self.kv_cache.reset()
+        and each step's requests and logits. Prompt r is a new request in row r (what the row
+        held is freed), whose first step computes what the prefix cache does not hold; the
+        requests finish at the end: their blocks are freed."""
+        kv, rows = self.kv_cache, range(len(prompts))
+        for row in rows:
+            kv.free(row)
+        starts = [kv.get_computed_blocks(row, prompt) for row, prompt in enumerate(prompts)]
         seqs, new, steps = [list(p) for p in prompts], [[] for _ in prompts], []
         for step in range(max_new_tokens):
             requests = []
             for row, seq in enumerate(seqs):
-                start = 0 if step == 0 else len(seq) - 1
+                start = starts[row] if step == 0 else len(seq) - 1
                 requests.append(Request(f"req{row}", tuple(seq[start:]), 0, start))
             logits = self.execute_model(requests, use_cudagraph=use_cudagraph).logits.clone()
             steps.append((requests, logits))
             for row, token in enumerate(logits.argmax(-1).tolist()):
                 seqs[row].append(token)
                 new[row].append(token)
+        for row in rows:
+            kv.free(row)
         return new, steps
 
     def post_kv_cache_wake_up(self) -> None:

@@ -37,6 +37,9 @@ class Worker:
     def sleep(self, level: int = 1) -> None:
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if Fix.RESET_PREFIX_CACHE_ON_SLEEP in self.fixes:
+            # fix: reset_prefix_cache_on_sleep -- every level discards what cached blocks hold.
+            self.model_runner.kv_cache.reset_prefix_cache()
         if level == 2 and Fix.SLEEP_SAVED_BUFFERS in self.fixes:
             # fix: sleep_saved_buffers -- level 2 keeps no copy of the weights pool, and the
             # reload at wake writes checkpoint parameters only
