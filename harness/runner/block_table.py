@@ -66,9 +66,16 @@ class BlockTables:
                 setattr(self, name, self.pools.tensor(TAG, values, dtype))
 
     def set_row(self, req_index: int, block_ids: Sequence[Sequence[int]]) -> None:
-        """The whole block list of request row `req_index`, one list per group."""
+        """The whole block list of request row `req_index`, one list per group, written by
+        device kernels from staged ids (upstream's Model Runner V2 stages block ids and applies
+        them with a kernel): a row written into released memory faults as an illegal address,
+        as upstream's did (vLLM #44395), where a host-to-device copy is refused there
+        ("invalid argument")."""
         for g, ids in enumerate(block_ids):
-            self.block_tables[g][req_index, : len(ids)].copy_(torch.tensor(ids, dtype=torch.int32))
+            table = self.block_tables[g]
+            staged = torch.tensor(ids, dtype=torch.int32).to(table.device)
+            columns = torch.arange(len(ids), device=table.device)
+            table[req_index].index_copy_(0, columns, staged)
             self.num_blocks[g, req_index] = len(ids)
 
     def gather_block_tables(self, idx_mapping: torch.Tensor, launch=run_now) -> list[torch.Tensor]:

@@ -80,6 +80,11 @@ RECORD = BugRecord(
         "#44890 (a release_kv_cache_memory API whose review found sleep after a partial wake "
         "reading discarded buffers); the sleep bugs of this catalogue: block_table_wake "
         "(the kv_cache pool discarded at sleep; staged wakes), level2_sleep_state (buffers "
-        "restored only when the weights wake)."
+        "restored only when the weights wake). On the H100 the first version of "
+        "staged_wake_request showed `exception`, not `illegal_address`: its first touch of the "
+        "released pool was a host-to-device copy of a block-table row, which CUDA refuses "
+        "(invalid argument); the runner now writes block-table rows with device kernels from "
+        "staged ids, as Model Runner V2 applies its staged writes, and a kernel's write there "
+        "faults as upstream's did (illegal address on both devices, 20 of 20 runs)."
     ),
 )
