@@ -27,6 +27,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="cpu (Triton interpreter), cuda, or auto (default: $REPRO_DEVICE, "
         "else auto = cuda when available)",
     )
+    parser.addoption(
+        "--upstream-sample",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run one in N of upstream's GPU parametrizations (tests/test_upstream_*.py), "
+        "every N-th of each test in collection order; default 1: all of them (the nightly "
+        "job), .ci/gpu's per-push run takes a sample",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -61,12 +70,33 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _sample_upstream(config, items)
     if config.stash[DEVICE_KEY] == "cuda":
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this run's device is cpu")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _sample_upstream(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--upstream-sample N: keep every N-th GPU case of each upstream test function (the first
+    included), deselect the others; the project's own tests always run."""
+    every = config.getoption("--upstream-sample")
+    if every < 1:
+        raise pytest.UsageError(f"--upstream-sample {every}: must be 1 or more")
+    if every == 1:
+        return
+    seen: dict[str, int] = {}
+    keep, drop = [], []
+    for item in items:
+        upstream = item.path.name.startswith("test_upstream_") and "gpu" in item.keywords
+        function = item.nodeid.split("[")[0]
+        index = seen[function] = seen.get(function, -1) + 1
+        (drop if upstream and index % every else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")

@@ -44,3 +44,34 @@ def test_resolve(monkeypatch) -> None:
 
 def test_run_uses_the_interpreter_exactly_on_cpu(device) -> None:
     assert (os.environ.get("TRITON_INTERPRET") == "1") == (device == "cpu")
+
+
+def _collect(*args: str):
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=120)
+
+
+def _collected(*args: str) -> list[str]:
+    done = _collect(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+def test_upstream_sample_keeps_every_nth_gpu_case_of_each_upstream_test() -> None:
+    """.ci/gpu's per-push sample: one in N of upstream's GPU cases, per test function, the first
+    kept; the CPU cases and the project's own tests untouched; N < 1 refused."""
+    path = "tests/test_upstream_align.py"
+    every = _collected(path, "--device", "cpu")
+    sample = _collected(path, "--device", "cpu", "--upstream-sample", "4")
+    gpu = {n for n in every if "cuda" in n or "81920" in n}  # its GPU-marked cases
+    by_test: dict[str, list[str]] = {}
+    for name in every:
+        by_test.setdefault(name.split("[")[0], []).append(name)
+    kept = {n for names in by_test.values() for i, n in enumerate(names) if i % 4 == 0}
+    assert len(gpu) > 8 and len(sample) < len(every)
+    assert set(sample) == (set(every) - gpu) | (kept & gpu)
+    refused = _collect(path, "--upstream-sample", "0")
+    assert refused.returncode == 4 and "must be 1 or more" in refused.stderr
