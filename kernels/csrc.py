@@ -58,10 +58,17 @@ def _arch_list() -> str | None:
 
 
 def _fresh_build(name: str, directory: Path | None = None) -> Path | None:
-    """The built library of `name` if it is newer than its inputs."""
-    built = (directory or cache_dir()) / name / f"repro_{name}.so"
+    """The built library of `name` if it is newer than its inputs and no build of it is under
+    way: torch's build holds a `lock` file in the build directory while it compiles and links,
+    and a library being linked there can look fresh but be cut short ("file too short", seen
+    when several test workers built it at once); such a caller goes through torch's build,
+    which waits for the lock."""
+    build = (directory or cache_dir()) / name
+    built = build / f"repro_{name}.so"
     inputs = [*CSRC.iterdir(), Path(__file__)]
-    if built.exists() and built.stat().st_mtime > max(p.stat().st_mtime for p in inputs):
+    if (build / "lock").exists() or not built.exists():
+        return None
+    if built.stat().st_mtime > max(p.stat().st_mtime for p in inputs):
         return built
     return None
 

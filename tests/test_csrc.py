@@ -23,6 +23,10 @@ def test_builds_are_fresh_only_when_newer_than_every_input(monkeypatch, tmp_path
     first = directory / next(iter(csrc.EXTENSIONS))
     os.utime(next(first.iterdir()), (stale, stale))
     assert not csrc.all_fresh("9.9.9", "99.0"), "an input newer than a build makes it stale"
+    os.utime(next(first.iterdir()), (newest + 10, newest + 10))
+    assert csrc.all_fresh("9.9.9", "99.0")
+    (first / "lock").touch()  # torch's build of it is under way: the library may be cut short
+    assert not csrc.all_fresh("9.9.9", "99.0"), "a build under way is not fresh"
 
 
 def test_the_cli_names_the_cache_the_children_build_in() -> None:

@@ -16,6 +16,9 @@ import pytest
 from repro import registry
 from tests import procs
 
+# every command here runs with --device cpu: on a GPU run it would repeat the CPU job
+pytestmark = pytest.mark.cpu_job
+
 DUMMY = ("lora_dummy_run", "--device", "cpu", "--scenario", "dummy_run_before_mapping")
 DUMMY_SCENARIOS = len(registry.get("lora_dummy_run").scenarios)
 

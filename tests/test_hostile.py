@@ -29,6 +29,9 @@ from tests import procs
 from tests.test_bisect import CHECK_GRID, GRID_FIX, Repo, first_bad
 from tests.test_faults import DUMMY, child_of_server, first_progress_line, server_of, start
 
+# every command here runs with --device cpu: on a GPU run it would repeat the CPU job
+pytestmark = pytest.mark.cpu_job
+
 NOBODY = 65534
 WARM = {"REPRO_SERVER": "auto"}  # conftest turns warm servers off for the tests themselves
 DUMMY_RUNS = 2 * len(registry.get("lora_dummy_run").scenarios)  # fixed and buggy
