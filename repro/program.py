@@ -3,8 +3,10 @@
 `repro fuzz` (repro/fuzz.py) makes them; `run` (the child's function) builds a Worker, runs the
 operations in order and checks the invariants after each: a step's graph replay equals its
 eager run, the eager run equals the dense float64 reference (the draft attention too), a dummy
-run equals the base model, and no output holds poison (NaN). The first operation that breaks
-one raises WrongResult naming it; a device fault ends the child like any scenario's.
+run equals the base model, no output holds poison (NaN), and a step writes the KV cache at its
+real tokens' slots only (the sentinel rule: a padding token, slot -1, writes nothing). The
+first operation that breaks one raises WrongResult naming it; a device fault ends the child
+like any scenario's.
 
 A program: {"config": {...CONFIG keys}, "ops": [[name, *args], ...]}; operations:
   ["add_lora", id, experts]   load adapter `id` (experts False: none for the experts: disabled)
@@ -140,6 +142,30 @@ class Machine:
             *_poisoned("dummy run", out),
         ]
 
+    def kv_snapshot(self) -> list[torch.Tensor]:
+        kv = self.runner.kv_cache
+        return [c.clone() for c in (*kv.k_caches, *kv.v_caches)]
+
+    def kv_written_outside(self, before: list[torch.Tensor], shape) -> list[str | None]:
+        """The sentinel rule: the slots a step changed are its real tokens' (graph padding
+        tokens carry slot -1 and write nothing; a stale or wrapped slot overwrites another's)."""
+        kv = self.runner.kv_cache
+        groups = len(kv.k_caches)
+        problems = []
+        for i, (old, new) in enumerate(zip(before, (*kv.k_caches, *kv.v_caches), strict=True)):
+            g = i % groups
+            mine = {kv.slot(g, row, c + p) for row, (_, n, c) in enumerate(shape) for p in range(n)}
+            old, new = old.flatten(0, 1).cpu(), new.flatten(0, 1).cpu()
+            changed = (old != new) & ~(old.isnan() & new.isnan())
+            stray = sorted(set(changed.flatten(1).any(1).nonzero().flatten().tolist()) - mine)
+            if stray:
+                which = "KV"[i // groups]
+                problems.append(
+                    f"the step wrote {which} cache group {g} at slots {stray[:6]}, "
+                    f"none of them a real token's (slot -1 read as a slot?)"
+                )
+        return problems
+
     def op_step(self, shape: list[list[int]], token_seed: int) -> list[str | None]:
         gen = torch.Generator().manual_seed(token_seed)
         vocab = self.runner.model.config.vocab_size
@@ -147,6 +173,7 @@ class Machine:
             Request(f"r{row}", tuple(torch.randint(0, vocab, (n,), generator=gen).tolist()), a, c)
             for row, (a, n, c) in enumerate(shape)
         ]
+        before = self.kv_snapshot()
         out = self.runner.execute_model(requests)
         self.kv_clean = False
         replay = None
@@ -157,6 +184,7 @@ class Machine:
         label = "eager" if replay is None else "replayed"
         problems = step_problems(label, out, step_reference(self.runner, requests), replay)
         problems += _poisoned("eager", out) + (_poisoned("replay", replay) if replay else [])
+        problems += self.kv_written_outside(before, shape)
         if out.draft is not None:
             lens = [c + n for _, n, c in shape]
             want = draft_reference(self.runner, out.hidden_states, lens)

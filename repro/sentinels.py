@@ -1,0 +1,281 @@
+"""The sentinel sweep: every "not a real row" value the runner writes, fed to every consumer
+that reads it, and the guard that makes that consumer honour it.
+
+A sentinel means "not real" to the component that wrote it and may mean something else to a
+consumer another team owns (issue 23: -1 as a slot, an expert id, a LoRA slot, a placeholder
+token; NaN or 0 in padding rows). Each Contract names the sentinel, its producer, one consumer,
+the consumer's guard, and a probe: the consumer run on inputs that carry the sentinel, in
+memory banded with other sentinels, so that reading a sentinel as data shows in the output
+(a NaN, a changed band) or faults, the same way on the CPU and on the GPU. A probe returns the
+contract's problems; none: honoured.
+
+The guard is either text (edits that remove it; tests/test_sentinels.py applies them to a copy
+of the tree and runs this module there: the contract must then be broken) or a registered
+bug's fix part (the probe runs with the part off). `python -m repro.sentinels [NAME ...]
+[--device cpu|cuda] [--without-part]` runs contracts in this process: exit 0 every contract
+honoured, 1 one broken, 2 usage, 125 the sweep itself could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from harness.fixes import ALL_FIXES, Fix
+
+Problems = list[str | None]
+BAND = float("nan")  # memory next to a consumer's inputs: read as data, it shows
+UNWRITTEN = -12345.0  # output memory a consumer must leave alone
+
+
+@dataclass(frozen=True, slots=True)
+class Contract:
+    name: str
+    sentinel: str
+    producer: str
+    consumer: str
+    guard: str  # what honours the sentinel, in words
+    probe: Callable[[str, frozenset[Fix]], Problems]  # (device, fixes) -> problems
+    edits: tuple[tuple[str, str, str], ...] = ()  # (file, old, new): the guard removed
+    part: Fix | None = None  # or: the guard is this fix part (a registered bug's)
+    bug: str | None = None  # the registered bug whose marker guards the contract
+
+
+def _banded(values, band: float = BAND):
+    """`values` as a view into storage that holds `band` on both sides, one copy of `values`'
+    size each: an index one row (or one adapter) out of range reads the band."""
+    import torch
+
+    flat = values.reshape(-1)
+    storage = torch.full((3 * flat.numel(),), band, dtype=values.dtype, device=values.device)
+    storage[flat.numel() : 2 * flat.numel()].copy_(flat)
+    return storage[flat.numel() : 2 * flat.numel()].view(values.shape)
+
+
+def _cache_write_probe(device: str, fixes: frozenset[Fix]) -> Problems:
+    """reshape_and_cache on slots [5, -1, 9, -1]: the two -1 tokens write nothing."""
+    import torch
+
+    from harness.oracle import mismatch
+    from kernels.paged_attention import reshape_and_cache, reshape_and_cache_reference
+
+    gen = torch.Generator().manual_seed(0)
+    key, value = (torch.randn(4, 2, 4, generator=gen) for _ in range(2))
+    slots = torch.tensor([5, -1, 9, -1])
+    caches = [torch.full((3, 4, 2, 4), UNWRITTEN) for _ in range(2)]
+    want = [c.clone() for c in caches]
+    reshape_and_cache_reference(key, value, *want, slots)
+    got = [c.to(device) for c in caches]
+    reshape_and_cache(key.to(device), value.to(device), *got, slots.to(device))
+    return [mismatch(f"{n} cache", g, w) for n, g, w in zip("kv", got, want, strict=True)]
+
+
+def _lora_probe(device: str, fixes: frozenset[Fix]) -> Problems:
+    """Shrink, then expand, of tokens on slots [0, -1, 1, -1] (two base-model tokens): the
+    base tokens' buffer rows stay unwritten and their outputs unchanged; the weights sit
+    between NaN bands (a program of slot -1 reads the band)."""
+    import torch
+
+    from harness.oracle import close, mismatch
+    from harness.runner.lora import LoRAKernelMeta
+    from kernels.lora_ops import (
+        lora_expand,
+        lora_expand_reference,
+        lora_shrink,
+        lora_shrink_reference,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    slots, hidden, rank, out_dim = [0, -1, 1, -1], 8, 4, 8
+    meta = LoRAKernelMeta(len(slots), 2, device)
+    meta.prepare_tensors(slots)
+    x = torch.randn(len(slots), hidden, generator=gen)
+    lora_a = torch.randn(1, 2, rank, hidden, generator=gen)
+    lora_b = torch.randn(1, 2, out_dim, rank, generator=gen)
+    y = torch.randn(len(slots), out_dim, generator=gen)
+    buffer = torch.full((1, len(slots), rank), UNWRITTEN, device=device)
+    lora_shrink(x.to(device), _banded(lora_a.to(device)), buffer, meta.kernel_meta(), 1.0)
+    shrunk = lora_shrink_reference(x, lora_a, slots, 1.0)
+    base = [t for t, s in enumerate(slots) if s == -1]
+    real = [t for t, s in enumerate(slots) if s != -1]
+    problems = [
+        mismatch(
+            "shrink: base tokens' buffer rows",
+            buffer[:, base],
+            torch.full_like(buffer[:, base], UNWRITTEN),
+        ),
+        close("shrink: LoRA tokens' buffer rows", buffer[:, real], shrunk[:, real]),
+    ]
+    out = y.clone().to(device)
+    lora_expand(buffer, _banded(lora_b.to(device)), out, meta.kernel_meta())
+    expanded = lora_expand_reference(y, buffer.cpu().double(), lora_b, slots)
+    problems.append(mismatch("expand: base tokens' outputs", out[base], y[base]))
+    problems.append(close("expand: LoRA tokens' outputs", out[real], expanded[real]))
+    return problems
+
+
+def _embedding_offset_probe(device: str, fixes: frozenset[Fix]) -> Problems:
+    """The LoRA embedding's gather of base-model tokens (slot -1): their offsets keep the
+    gather inside the stacked LoRA-A table."""
+    import torch
+
+    from harness.runner.lora import LoRAMapping, convert_mapping
+    from harness.runner.model import _embed
+
+    vocab, hidden, rank = 16, 4, 2
+    mapping = LoRAMapping((0, 7, 7, 0), (7,))
+    _, offsets, _ = convert_mapping(mapping, [None, 7], vocab)
+    input_ids = torch.tensor([3, 0, 15, 15], device=device)
+    weight = torch.randn(vocab, hidden, device=device)
+    lora_a_2d = torch.randn(2 * vocab, rank, device=device)
+    h = torch.empty(4, hidden, device=device)
+    a_rows = torch.empty(1, 4, rank, device=device)
+    problems = [None if min(offsets) >= 0 else f"negative embedding offsets {offsets}"]
+    _embed(input_ids, torch.tensor(offsets, device=device), weight, lora_a_2d, h, a_rows)
+    torch.cuda.synchronize() if device == "cuda" else None
+    return problems
+
+
+def _pad_slot_probe(device: str, fixes: frozenset[Fix]) -> Problems:
+    """A step of 6 tokens, then a step of 2 tokens padded to 6 (a graph's size): the four
+    padding tokens' slots are -1, not the 6-token step's slots left in the buffer."""
+    from harness.runner.cudagraph import CUDAGraphMode
+    from harness.runner.input_batch import Request
+    from harness.runner.model_runner import ModelRunner, RunnerConfig
+
+    runner = ModelRunner(
+        RunnerConfig(
+            device, fixes, enable_lora=False, cudagraph_mode=CUDAGraphMode.NONE, max_model_len=32
+        )
+    )
+    first = [Request("a", (1, 2, 3, 4), 0), Request("b", (5, 6), 0)]
+    runner.execute_model(first)
+    later = [Request("a", (7,), 0, 4), Request("b", (8,), 0, 2)]
+    batch = runner.input_buffers.prepare(later, 6, 2)
+    slots = runner.kv_cache.metadata(batch).slot_mappings.cpu()
+    pad = slots[:, 2:]
+    stale = (pad != -1).nonzero().tolist()
+    return [f"padding tokens' slots {pad.tolist()} (not -1 at {stale})" if stale else None]
+
+
+KV_CACHE, LORA_OPS, LORA = (
+    "harness/runner/kv_cache.py",
+    "kernels/lora_ops.py",
+    "harness/runner/lora.py",
+)
+CONTRACTS = (
+    Contract(
+        "cache_write_skips_pad_slot",
+        "slot -1 (padding token)",
+        "KVCache.metadata (harness/runner/kv_cache.py): every padding token's slot",
+        "reshape_and_cache (kernels/paged_attention.py)",
+        "the store mask is empty for slot < 0",
+        _cache_write_probe,
+        edits=(
+            (
+                "kernels/paged_attention.py",
+                "keep = cols < tl.where(slot >= 0, WIDTH, 0)",
+                "keep = cols < WIDTH",
+            ),
+        ),
+    ),
+    Contract(
+        "pad_tokens_get_slot_minus_one",
+        "slot -1 (padding token)",
+        "KVCache.metadata: fills the step's slot mappings with -1 before the real tokens' slots",
+        "every KV write of the step (reshape_and_cache, a cache-only layer's write)",
+        "the fill, each step: a smaller step after a larger one must not keep its slots",
+        _pad_slot_probe,
+        edits=(
+            (KV_CACHE, "        run(torch.Tensor.fill_, tables.slot_mappings[:, :t], -1)\n", ""),
+        ),
+    ),
+    Contract(
+        "lora_kernels_skip_base_tokens",
+        "LoRA slot -1 (base-model and padding tokens)",
+        "convert_mapping (harness/runner/lora.py): id 0 -> slot -1; LoRAKernelMeta: -1 sorts first",
+        "lora_shrink and lora_expand (kernels/lora_ops.py)",
+        "a program of slot -1 has no valid rows and returns",
+        _lora_probe,
+        edits=(
+            (LORA_OPS, "valid = offs < tl.where(lora_id == -1, 0, count)", "valid = offs < count"),
+            (
+                LORA_OPS,
+                "    if lora_id == -1:\n        return\n    s = tl.program_id(1).to(tl.int64)\n"
+                "    w = w_ptr + (s * max_loras + lora_id) * RANK * HIDDEN",
+                "    s = tl.program_id(1).to(tl.int64)\n"
+                "    w = w_ptr + (s * max_loras + lora_id) * RANK * HIDDEN",
+            ),
+            (
+                LORA_OPS,
+                "    if lora_id == -1:\n        return\n    s = tl.program_id(1).to(tl.int64)\n"
+                "    w = w_ptr + (s * max_loras + lora_id) * width * RANK",
+                "    s = tl.program_id(1).to(tl.int64)\n"
+                "    w = w_ptr + (s * max_loras + lora_id) * width * RANK",
+            ),
+        ),
+    ),
+    Contract(
+        "embedding_offset_of_no_lora",
+        "LoRA slot -1 (base-model and padding tokens)",
+        "convert_mapping (harness/runner/lora.py): the embedding offset of each token",
+        "the LoRA embedding's gather (harness/runner/model.py _embed)",
+        "slot -1 gets offset 0 (max(slot, 0) * vocab_size)",
+        _embedding_offset_probe,
+        edits=((LORA, "offsets = [max(s, 0) * vocab_size", "offsets = [s * vocab_size"),),
+    ),
+)
+NAMES = {c.name: c for c in CONTRACTS}
+
+
+def run(contract: Contract, device: str, without_part: bool = False) -> Problems:
+    """The contract's problems on `device` (its fix part off with `without_part`); a
+    consumer that raises breaks it too."""
+    fixes = ALL_FIXES - {contract.part} if without_part and contract.part else ALL_FIXES
+    try:
+        return [p for p in contract.probe(device, frozenset(fixes)) if p]
+    except Exception as e:  # a fault or an index error is the consumer's answer
+        return [f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m repro.sentinels", description=__doc__)
+    parser.add_argument("names", nargs="*", help=f"contracts (default: all): {', '.join(NAMES)}")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--without-part", action="store_true", help="turn each contract's fix part off"
+    )
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in NAMES]
+    if unknown:
+        print(f"unknown contract {', '.join(unknown)}; known: {', '.join(NAMES)}", file=sys.stderr)
+        return 2
+    from harness import device as devices
+
+    devices.activate(args.device)
+    try:
+        import torch
+
+        if args.device == "cuda" and not torch.cuda.is_available():
+            print("repro.sentinels: cannot test: no CUDA device", file=sys.stderr)
+            return 125
+        broken = 0
+        for contract in [NAMES[n] for n in args.names] or CONTRACTS:
+            problems = run(contract, args.device, args.without_part)
+            broken += bool(problems)
+            print(f"{contract.name}: {'BROKEN' if problems else 'honoured'}")
+            for p in problems:
+                print(f"  {p}")
+        return 1 if broken else 0
+    except Exception:  # the sweep itself failed: cannot test
+        traceback.print_exc()
+        return 125
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())
