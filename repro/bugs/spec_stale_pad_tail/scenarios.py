@@ -10,7 +10,7 @@ from harness.record import Context
 from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig
 
 PROMPTS = ((5, 9, 13, 2), (7, 3, 1), (4, 4, 6, 8))  # 11 tokens: last tokens 3, 6 and 10
 
@@ -32,10 +32,12 @@ def spec_config(ctx: Context) -> RunnerConfig:
     )
 
 
-def checked_step(runner: ModelRunner, requests: list[Request], label: str) -> tuple[int, list]:
+def checked_step(
+    runner: ModelRunner, requests: list[Request], label: str
+) -> tuple[ModelOutput, list[str | None]]:
     """One step; its logits and the live requests' draft logits vs the float64 reference
     (the draft model is the identity on the shared LM head: the draft logits are the target's).
-    Returns request 0's greedy token and the problems found."""
+    Returns the step's output and the problems found."""
     logits = step_reference(runner, requests)[1]
     out = runner.execute_model(requests)
     draft = runner.speculator.draft_logits[: len(requests)]
@@ -43,7 +45,7 @@ def checked_step(runner: ModelRunner, requests: list[Request], label: str) -> tu
         close(f"{label}: logits vs reference", out.logits, logits),
         close(f"{label}: draft logits vs reference", draft, logits),
     ]
-    return int(out.logits[0].argmax()), problems
+    return out, problems
 
 
 def fewer_requests_after_larger_batch(ctx: Context) -> str:
@@ -62,10 +64,11 @@ def fewer_requests_after_larger_batch(ctx: Context) -> str:
     runner = ModelRunner(spec_config(ctx))
     runner.capture_model()
     first = [Request(f"r{i}", p) for i, p in enumerate(PROMPTS)]
-    token, problems = checked_step(runner, first, "step 1 (3 requests, eager)")
+    out, problems = checked_step(runner, first, "step 1 (3 requests, eager)")
     for row in (1, 2):
         runner.kv_cache.free(row)
-    decode = [Request("r0", (token,), 0, len(PROMPTS[0]))]
-    _, found = checked_step(runner, decode, "step 2 (1 request, graph of 4)")
+    decode = [Request("r0", (int(out.logits[0].argmax()),), 0, len(PROMPTS[0]))]
+    out, found = checked_step(runner, decode, "step 2 (1 request, graph of 4)")
+    assert out.desc is not None and out.desc.num_reqs == 4, f"trigger not reached: {out.desc}"
     expect_all(problems + found)
     return "the draft prefill of 3 requests, then of 1 in a graph of 4: as the reference"
