@@ -76,11 +76,10 @@ RECORD = BugRecord(
         "(spec_capture_state's next layer). Modelled: the draft model is the identity and "
         "shares the target's LM head; its prefill gather is part of the target's FULL graph "
         "(upstream: the speculator's own FULL prefill graph, dispatched for the same batch); "
-        "eager and PIECEWISE steps gather the live requests only, as upstream's. Outcome: "
-        "the brief expected an illegal address; a stale index is a step's token count, a few "
-        "rows past the hidden states, which an unchecked load on the GPU would read silently "
-        "from neighbouring memory; upstream's gather is aten indexing, whose bounds assert "
-        "fires: a device-side assert, the class this gather (index_select) shows on both "
-        "devices."
+        "eager and PIECEWISE steps gather the live requests only, as upstream's. Outcome: a "
+        "stale index is an earlier step's token position, a few rows past the hidden states: "
+        "an unchecked load would read it silently on a GPU (no fault inside the allocator's "
+        "segment); upstream's gather is aten indexing, whose bounds assert fires, and this "
+        "gather (index_select) shows the same class on both devices: a device-side assert."
     ),
 )

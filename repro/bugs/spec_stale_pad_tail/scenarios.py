@@ -51,9 +51,9 @@ def checked_step(
 def fewer_requests_after_larger_batch(ctx: Context) -> str:
     """A speculator's draft prefill gathers each request's last hidden state through a
     persistent last_token_indices buffer; FULL graphs of 4 tokens and 4 requests hold it. Step
-    1: three requests prefill 11 tokens (over the graph size: eager), so the buffer holds 3, 6
-    and 10. Requests 2 and 3 finish; step 2: request 1 decodes one token, replaying the graph
-    of 4, whose gather reads entries 0-3 of the buffer over 4 hidden states.
+    1: requests r0, r1 and r2 prefill 11 tokens (over the graph size: eager), so the buffer
+    holds 3, 6 and 10. r1 and r2 finish; step 2: r0 decodes one token, replaying the graph of
+    4, whose gather reads entries 0-3 of the buffer over 4 hidden states.
 
     Fixed: prepare pads the entries past the live request with 0 every step: the draft logits
     of both steps match the float64 reference. Buggy: entries 1 and 2 still hold 6 and 10 from
