@@ -47,6 +47,12 @@ class Fix(enum.Enum):
     ZERO_NEW_KV_BLOCKS = "zero_new_kv_blocks"
     # vLLM #22726 (sleep_prefix_cache)
     RESET_PREFIX_CACHE_ON_SLEEP = "reset_prefix_cache_on_sleep"
+    # vLLM #43869 (pad_slot_negative_index; open upstream, for issue #43810): the cache-only
+    # layer's write skips padding slots (-1) instead of indexing the cache with them in torch
+    CACHE_ONLY_SKIP_PAD_SLOTS = "cache_only_skip_pad_slots"
+    # vLLM #39773 (spec_stale_pad_tail): the speculator pads its last_token_indices past the
+    # live requests before the draft prefill, so a padded graph gathers no stale index
+    SPEC_PAD_LAST_TOKEN_INDICES = "spec_pad_last_token_indices"
 
 
 Variant = frozenset[Fix]

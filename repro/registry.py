@@ -16,10 +16,12 @@ from repro.bugs import (
     lora_graph_capture,
     moe_align_grid,
     moe_lora_consumer_grid,
+    pad_slot_negative_index,
     partial_wake_forward,
     sleep_prefix_cache,
     spec_capture_state,
     spec_prewarm_captured_state,
+    spec_stale_pad_tail,
 )
 
 BUGS: tuple[BugRecord, ...] = (
@@ -38,6 +40,9 @@ BUGS: tuple[BugRecord, ...] = (
     sleep_prefix_cache.RECORD,
     kv_block_stale_nan.RECORD,
     partial_wake_forward.RECORD,
+    # padding rows and sentinels (issue 23), in upstream fix order
+    spec_stale_pad_tail.RECORD,
+    pad_slot_negative_index.RECORD,
 )
 
 

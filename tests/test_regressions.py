@@ -102,6 +102,9 @@ REQUIRED_AXES = {
     "partial_wake_forward": {**WAKE, "wakes": {"staged", "staged, kv_cache first"}},
     "kv_block_stale_nan": {"sleep_levels": {1, 2}},
     "sleep_prefix_cache": WAKE,
+    # padding rows and sentinels (issue 23): what pads a batch is a captured graph
+    "pad_slot_negative_index": {"graph_modes": {"FULL", "PIECEWISE"}},
+    "spec_stale_pad_tail": {"graph_modes": {"FULL"}},
 }
 
 

@@ -5,7 +5,8 @@ The dummy branch's LoRA state (`_set_dummy_lora_state`) is where the fix parts o
 and #43314 live; capture_model sets it once per LoRA capture case (upstream's LoRA capture
 hook) and then captures every descriptor on that state, without re-running the dummy branch.
 post_kv_cache_wake_up is where the fix part of vLLM #40648 lives; the graph manager's capture
-holds the one of vLLM #42444.
+holds the one of vLLM #42444. The cache-only layer (extract_hidden_states.py, vLLM #43869) and
+the speculator's draft prefill (speculator.py, vLLM #39773) hold theirs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from harness.runner.cudagraph import (
     Launcher,
     host_sync,
 )
+from harness.runner.extract_hidden_states import CacheOnlyLayer
 from harness.runner.flashmla import DraftAttention, DraftInputs, FlashMLABackend, FlashMLASchedMeta
 from harness.runner.input_batch import InputBatch, InputBuffers, Request
 from harness.runner.kv_cache import AttentionMetadata, KVCache
@@ -36,6 +38,7 @@ from harness.runner.lora import (
 from harness.runner.mamba import update_conv_state
 from harness.runner.model import ModelConfig, TinyLoRADecoder, rms_norm
 from harness.runner.sleep_mode import TaggedPools, make_pools
+from harness.runner.speculator import DraftPrefill
 from kernels.fused_moe_lora import ConsumerFixes
 from kernels.moe_lora_align import AlignFixes
 from kernels.paged_attention import reshape_and_cache, zero_kv_blocks
@@ -75,6 +78,10 @@ class RunnerConfig:
     tables_in_graph: bool = False
     enable_prefix_caching: bool = False  # generate() reuses cached blocks of a prompt's prefix
     hybrid: bool = False  # a Mamba-like state group shares group 0's blocks (mamba.py)
+    # a cache-only layer stores each token's hidden state (extract_hidden_states.py)
+    extract_hidden_states: bool = False
+    # a speculator's draft prefill gathers each request's last hidden state (speculator.py)
+    draft_prefill: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +130,26 @@ class ModelRunner:
         self.draft = (
             DraftAttention(backend, m.num_heads, rms_norm, c.fixes) if c.draft_attention else None
         )
+        self.cache_only, self.speculator = self._hidden_state_readers()
         self.lora_manager = LoRAManager(
             LoRAModelManager(m.max_loras, m.vocab_size, self._punica_wrappers())
         )
         self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes)
         self.capture_attn: dict[BatchExecutionDescriptor, AttentionMetadata] = {}
         self.tuned: set[tuple[bool, int]] = set()  # (capture path?, size) tuned on a first call
+
+    def _hidden_state_readers(self) -> tuple[CacheOnlyLayer | None, DraftPrefill | None]:
+        """What reads the model's hidden states after its forward, when configured: a
+        cache-only layer (group 0's blocks and slot mapping) and a speculator's draft prefill
+        (the LM head shared with the target)."""
+        c = self.config
+        cache_only = speculator = None
+        if c.extract_hidden_states:
+            layout = (c.num_kv_blocks, c.block_sizes[0], c.model.hidden_size)
+            cache_only = CacheOnlyLayer(*layout, self.model.dtype, self.pools, c.fixes)
+        if c.draft_prefill:
+            speculator = DraftPrefill(c.max_num_reqs, self.model.head, self.device, c.fixes)
+        return cache_only, speculator
 
     def _punica_wrappers(self) -> dict[str, PunicaWrapper]:
         # NOTE: the embedding and layer 0 share one wrapper object; layer 1 and the LM head
@@ -198,6 +219,8 @@ class ModelRunner:
             self._update_states(requests)
         if desc is None or not self.config.tables_in_graph:  # else the graph gathers
             attn = self.kv_cache.metadata(batch)
+        if self.speculator is not None:
+            self.speculator.prepare(batch)
         if self.config.enable_lora:
             mapping = LoRAMapping(batch.token_lora_ids, batch.req_lora_ids, is_prefill=True)
             self.lora_manager._adapter_manager.set_adapter_mapping(mapping)
@@ -229,7 +252,8 @@ class ModelRunner:
 
     def _eager(self, batch: InputBatch, attn: AttentionMetadata) -> ModelOutput:
         attn.sched = FlashMLASchedMeta()  # eager attention plans for this step
-        hidden, logits = self.model.forward(batch, attn, self.wrappers, self.launch)
+        hidden, logits = self._model_forward(batch, attn)
+        self._draft_prefill(hidden, batch.num_reqs)
         draft = None
         if self.draft is not None and batch.uniform_decode:
             draft = self.draft.forward(FlashMLASchedMeta(), self._draft_inputs(hidden, attn))
@@ -240,6 +264,8 @@ class ModelRunner:
             attn = self.capture_attn[desc]
             attn.sched, attn.uniform_decode = FlashMLASchedMeta(), batch.uniform_decode
         hidden, logits = self.cudagraph_manager.run(desc)
+        if desc.cg_mode == PIECEWISE:  # a FULL graph holds the draft prefill
+            self._draft_prefill(hidden, batch.num_reqs)
         draft = None
         if self.draft is not None and desc in self.draft.graphs.graphs:
             draft = self.draft.graphs.run(desc)
@@ -352,9 +378,27 @@ class ModelRunner:
             self._first_call_tuning(not warmup, batch.num_tokens)
             if self.config.tables_in_graph:
                 self.kv_cache.metadata(batch, self.launch)
-            return self.model.forward(batch, attn, self.wrappers, self.launch)
+            hidden, logits = self._model_forward(batch, attn)
+            if desc.cg_mode == FULL:  # upstream: the speculator's FULL prefill graph
+                self._draft_prefill(hidden, desc.num_reqs)
+            return hidden, logits
 
         return forward, attn.sched
+
+    def _model_forward(
+        self, batch: InputBatch, attn: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's forward, then the cache-only layer on its hidden states."""
+        hidden, logits = self.model.forward(batch, attn, self.wrappers, self.launch)
+        if self.cache_only is not None:
+            self.cache_only.forward(hidden, attn.slot_mappings[0], self.launch)
+        return hidden, logits
+
+    def _draft_prefill(self, hidden: torch.Tensor, num_reqs: int) -> None:
+        """The speculator's draft prefill on the step's hidden states: padded requests in a
+        FULL graph, the live ones elsewhere (upstream's eager and PIECEWISE prefill)."""
+        if self.speculator is not None:
+            self.speculator.forward(hidden, num_reqs, self.launch)
 
     def _first_call_tuning(self, capture_path: bool, num_tokens: int) -> None:
         """The one-time tuning of a path and size on its first call (upstream: Inductor's
