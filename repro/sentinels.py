@@ -162,6 +162,48 @@ def _pad_slot_probe(device: str, fixes: frozenset[Fix]) -> Problems:
     return [f"padding tokens' slots {pad.tolist()} (not -1 at {stale})" if stale else None]
 
 
+def _cache_only_probe(device: str, fixes: frozenset[Fix]) -> Problems:
+    """The cache-only layer's write of 3 tokens, one of them padding (slot -1), while a real
+    token holds the pool's last slot: that slot keeps the real token's state."""
+    import torch
+
+    from harness.oracle import mismatch
+    from harness.runner.block_table import run_now
+    from harness.runner.extract_hidden_states import CacheOnlyLayer
+    from harness.runner.sleep_mode import make_pools
+
+    layer = CacheOnlyLayer(2, 4, 8, torch.float32, make_pools(device), fixes)
+    layer.kv_cache.fill_(UNWRITTEN)
+    states = torch.arange(24, dtype=torch.float32, device=device).view(3, 8)
+    layer.forward(states, torch.tensor([7, 2, -1], device=device), run_now)  # 7: the last slot
+    return [
+        mismatch("the last slot (a real token's)", layer.extract([7]), states[:1]),
+        mismatch("slot 2", layer.extract([2]), states[1:2]),
+    ]
+
+
+def _draft_tail_probe(device: str, fixes: frozenset[Fix]) -> Problems:
+    """The draft prefill's last_token_indices after a step of 3 requests (10 tokens), then a
+    step of 1 request (1 token) padded to 4 rows: every index the 4-row gather reads is a row
+    of this step's hidden states."""
+    import torch
+
+    from harness.runner.block_table import run_now
+    from harness.runner.input_batch import InputBuffers, Request
+    from harness.runner.speculator import DraftPrefill
+
+    buffers = InputBuffers(16, 4, device)
+    draft = DraftPrefill(4, torch.ones(5, 8, device=device), device, fixes)
+    large = [Request("a", (1, 2, 3, 4)), Request("b", (5, 6, 7)), Request("c", (8, 9, 10))]
+    draft.prepare(buffers.prepare(large, 10, 3))
+    draft.prepare(buffers.prepare([Request("a", (11,), 0, 4)], 4, 4))
+    rows = draft.last_token_indices.cpu().tolist()
+    problems = [None if max(rows) < 4 else f"the padded gather reads rows {rows} of 4"]
+    draft.forward(torch.zeros(4, 8, device=device), 4, run_now)
+    torch.cuda.synchronize() if device == "cuda" else None
+    return problems
+
+
 KV_CACHE, LORA_OPS, LORA = (
     "harness/runner/kv_cache.py",
     "kernels/lora_ops.py",
@@ -227,6 +269,26 @@ CONTRACTS = (
         "slot -1 gets offset 0 (max(slot, 0) * vocab_size)",
         _embedding_offset_probe,
         edits=((LORA, "offsets = [max(s, 0) * vocab_size", "offsets = [s * vocab_size"),),
+    ),
+    Contract(
+        "cache_only_write_skips_pad_slot",
+        "slot -1 (padding token)",
+        "KVCache.metadata (group 0's slot mapping)",
+        "the cache-only layer's write (harness/runner/extract_hidden_states.py)",
+        "the write goes through reshape_and_cache, which skips slot < 0 (not torch indexing)",
+        _cache_only_probe,
+        part=Fix.CACHE_ONLY_SKIP_PAD_SLOTS,
+        bug="pad_slot_negative_index",
+    ),
+    Contract(
+        "draft_gather_pads_its_tail",
+        "padded last_token_indices (row 0)",
+        "DraftPrefill.prepare (harness/runner/speculator.py): the entries past the live requests",
+        "the draft prefill's gather of a padded (graph) batch",
+        "the tail is written every step (0, a real row), not left from a larger step",
+        _draft_tail_probe,
+        part=Fix.SPEC_PAD_LAST_TOKEN_INDICES,
+        bug="spec_stale_pad_tail",
     ),
 )
 NAMES = {c.name: c for c in CONTRACTS}
