@@ -163,8 +163,9 @@ def _pad_slot_probe(device: str, fixes: frozenset[Fix]) -> Problems:
 
 
 def _cache_only_probe(device: str, fixes: frozenset[Fix]) -> Problems:
-    """The cache-only layer's write of 3 tokens, one of them padding (slot -1), while a real
-    token holds the pool's last slot: that slot keeps the real token's state."""
+    """The cache-only layer's write of a step of 2 real tokens, one of them at the pool's last
+    slot, then of a padded step (slots [2, -1]): the last slot keeps the real token's state.
+    (One slot per write: duplicate indices in one torch write land in no defined order.)"""
     import torch
 
     from harness.oracle import mismatch
@@ -174,11 +175,12 @@ def _cache_only_probe(device: str, fixes: frozenset[Fix]) -> Problems:
 
     layer = CacheOnlyLayer(2, 4, 8, torch.float32, make_pools(device), fixes)
     layer.kv_cache.fill_(UNWRITTEN)
-    states = torch.arange(24, dtype=torch.float32, device=device).view(3, 8)
-    layer.forward(states, torch.tensor([7, 2, -1], device=device), run_now)  # 7: the last slot
+    states = torch.arange(32, dtype=torch.float32, device=device).view(4, 8)
+    layer.forward(states[:2], torch.tensor([7, 1], device=device), run_now)  # 7: the last slot
+    layer.forward(states[2:], torch.tensor([2, -1], device=device), run_now)
     return [
         mismatch("the last slot (a real token's)", layer.extract([7]), states[:1]),
-        mismatch("slot 2", layer.extract([2]), states[1:2]),
+        mismatch("slot 2", layer.extract([2]), states[2:3]),
     ]
 
 
