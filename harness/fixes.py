@@ -47,6 +47,12 @@ class Fix(enum.Enum):
     ZERO_NEW_KV_BLOCKS = "zero_new_kv_blocks"
     # vLLM #22726 (sleep_prefix_cache)
     RESET_PREFIX_CACHE_ON_SLEEP = "reset_prefix_cache_on_sleep"
+    # vLLM #39391 (moe_pad_nan_topk; issues #39244, #37758): NaN/Inf gate probabilities clamped
+    # to 0 before the top-k selection, so a NaN padding row picks distinct experts
+    MOE_GATE_NAN_CLAMP = "moe_gate_nan_clamp"
+    # moe_pad_sentinel: consumers honour the -1 expert id of padding rows (producers: vLLM
+    # #46428, #48979; consumers fixed by #57036, #57946, open)
+    MOE_PAD_SENTINEL_GUARD = "moe_pad_sentinel_guard"
 
 
 Variant = frozenset[Fix]

@@ -16,6 +16,8 @@ from repro.bugs import (
     lora_graph_capture,
     moe_align_grid,
     moe_lora_consumer_grid,
+    moe_pad_nan_topk,
+    moe_pad_sentinel,
     partial_wake_forward,
     sleep_prefix_cache,
     spec_capture_state,
@@ -38,6 +40,9 @@ BUGS: tuple[BugRecord, ...] = (
     sleep_prefix_cache.RECORD,
     kv_block_stale_nan.RECORD,
     partial_wake_forward.RECORD,
+    # padding rows and sentinels (issue 23), in upstream fix order
+    moe_pad_nan_topk.RECORD,
+    moe_pad_sentinel.RECORD,
 )
 
 

@@ -102,6 +102,9 @@ REQUIRED_AXES = {
     "partial_wake_forward": {**WAKE, "wakes": {"staged", "staged, kv_cache first"}},
     "kv_block_stale_nan": {"sleep_levels": {1, 2}},
     "sleep_prefix_cache": WAKE,
+    # padding rows exist only in graph replays (one size, two paddings)
+    "moe_pad_nan_topk": {"graph_modes": {"PIECEWISE"}, "steps_per_size": 2},
+    "moe_pad_sentinel": {"graph_modes": {"FULL", "PIECEWISE"}, "steps_per_size": 2},
 }
 
 
