@@ -168,10 +168,13 @@ def _moe_permute_kernel(
         for k in tl.static_range(TOP_K):
             ids, first = _first_ids(ids_ptr, t, live, k, TOP_K)
             mine = first[:, None] & (ids[:, None] == experts[None, :])
-            row = tl.sum(tl.where(mine, rows, 0), axis=1)
-            tl.store(rows_ptr + t * TOP_K + k, row, mask=first)
-            # step 2: the pair's row of its expert's GEMM
-            expert = tl.where(first, ids, 0).to(tl.int64)
+            tl.store(rows_ptr + t * TOP_K + k, tl.sum(tl.where(mine, rows, 0), axis=1), mask=first)
+        # step 2: each expert's GEMM over its rows of the block
+        w_base = w_ptr
+        for e in range(0, num_experts):
+            column = experts[None, :] == e
+            hit = tl.sum(tl.where(column, token_hits, 0), axis=1) > 0
+            row = tl.sum(tl.where(column, rows, 0), axis=1)
             for n0 in range(0, n, BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
                 acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
@@ -179,22 +182,19 @@ def _moe_permute_kernel(
                     ks = k0 + tl.arange(0, BLOCK_K)
                     x = tl.load(
                         h_ptr + t.to(tl.int64)[:, None] * k_dim + ks[None, :],
-                        mask=first[:, None] & (ks[None, :] < k_dim),
+                        mask=hit[:, None] & (ks[None, :] < k_dim),
                         other=0.0,
                     ).to(tl.float32)
                     w = tl.load(
-                        w_ptr
-                        + (expert[:, None, None] * n + cols[None, :, None]) * k_dim
-                        + ks[None, None, :],
-                        mask=first[:, None, None]
-                        & (cols[None, :, None] < n)
-                        & (ks[None, None, :] < k_dim),
+                        w_base + cols[None, :] * k_dim + ks[:, None],
+                        mask=(cols[None, :] < n) & (ks[:, None] < k_dim),
                         other=0.0,
                     ).to(tl.float32)
-                    acc += tl.sum(x[:, None, :] * w, axis=2)
+                    acc += tl.dot(x, w, input_precision="ieee")  # NOTE: not TF32: vs float64
                 out = out_ptr + row.to(tl.int64)[:, None] * n + cols[None, :]
-                mask = first[:, None] & (cols[None, :] < n)
+                mask = hit[:, None] & (cols[None, :] < n)
                 tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            w_base += n * k_dim  # the next expert's weights
         ahead += tl.sum(token_hits, axis=0)
 
 
