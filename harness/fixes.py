@@ -53,6 +53,12 @@ class Fix(enum.Enum):
     # vLLM #39773 (spec_stale_pad_tail): the speculator pads its last_token_indices past the
     # live requests before the draft prefill, so a padded graph gathers no stale index
     SPEC_PAD_LAST_TOKEN_INDICES = "spec_pad_last_token_indices"
+    # vLLM #39391 (moe_pad_nan_topk; issues #39244, #37758): NaN/Inf gate probabilities clamped
+    # to 0 before the top-k selection, so a NaN padding row picks distinct experts
+    MOE_GATE_NAN_CLAMP = "moe_gate_nan_clamp"
+    # moe_pad_sentinel: consumers honour the -1 expert id of padding rows (producers: vLLM
+    # #46428, #48979; consumers fixed by #57036, #57946, open)
+    MOE_PAD_SENTINEL_GUARD = "moe_pad_sentinel_guard"
 
 
 Variant = frozenset[Fix]

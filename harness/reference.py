@@ -58,6 +58,9 @@ def step_reference(
         h = h + _attention(runner, 1, h, requests)
     y = torch.zeros_like(h)
     for t, s in enumerate(token_slots):
+        if c.learned_gate:
+            y[t] = _gated_experts(model, h[t])
+            continue
         for e in model.router[tokens[t]].tolist():
             y[t] += h[t] @ _d(model.experts[e]).T
             if s != -1:
@@ -69,6 +72,15 @@ def step_reference(
         if s != -1:
             logits[r] += _lora(h[last[r]], model.head_a[0], model.head_b[0], s, c.lora_scale)
     return h, logits
+
+
+def _gated_experts(model, h: torch.Tensor) -> torch.Tensor:
+    """One token through the learned gate: its softmax's top_k experts (ties: the lowest
+    index), each weighted by its probability."""
+    c = model.config
+    probs = (h @ _d(model.gate).T).softmax(-1)
+    chosen = sorted(range(c.num_experts), key=lambda e: -probs[e].item())[: c.top_k]
+    return sum(probs[e] * (h @ _d(model.experts[e]).T) for e in chosen)
 
 
 def _attention(runner: ModelRunner, i: int, h: torch.Tensor, requests: list[Request]):

@@ -243,6 +243,24 @@ def _block_tables(num_reqs: int, max_num_blocks: int, max_query_len: int) -> Non
     )
 
 
+def _moe_gate(num_tokens: int, experts: int, top_k: int, hidden: int, dtype=torch.float32):
+    """The learned gate's top-k (padding marked) and the expert-sorted MoE that consumes it."""
+    from kernels.moe_permute import moe_finalize, moe_permute_experts
+    from kernels.topk_gate import topk_gate
+
+    ids, weights = _i32(num_tokens, top_k), _empty(num_tokens, top_k)
+    topk_gate(_empty(num_tokens, experts, dtype=dtype), ids, weights, _i32(1))
+    rows, permuted = _i32(num_tokens * top_k), _empty(num_tokens * top_k, hidden, dtype=dtype)
+    moe_permute_experts(
+        _empty(num_tokens, hidden, dtype=dtype),
+        _empty(experts, hidden, hidden, dtype=dtype),
+        ids,
+        permuted,
+        rows,
+    )
+    moe_finalize(permuted, rows, ids, weights, _empty(num_tokens, hidden, dtype=dtype), experts)
+
+
 # (label, launcher calls): the largest sizes of each domain and each path's boundaries
 SHAPES: list[tuple[str, Callable[[], None]]] = [
     ("align small path, 1020 pairs, 64 experts, 32 loras", lambda: _align(170, 6, 64, 32)),
@@ -289,6 +307,12 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
         lambda: _attention(128, 576, 16384, 66, torch.bfloat16, kv_heads=1),
     ),
     ("block tables, 1024 requests, 2048 blocks", lambda: _block_tables(1024, 2048, 512)),
+    # the gate's top-k up to 64 experts (its picks are bits of an int64); the runner's shape
+    ("moe gate, 8192 tokens, 64 experts, top-4, hidden 4096", lambda: _moe_gate(8192, 64, 4, 4096)),
+    (
+        "moe gate, 32 tokens, 8 experts, top-2, hidden 32, bf16",
+        lambda: _moe_gate(32, 8, 2, 32, torch.bfloat16),
+    ),
 ]
 
 # The fp8 (e4m3) KV cache: Triton has fp8e4nv from sm_89 on only; for sm_80 it refuses the type

@@ -16,6 +16,8 @@ from repro.bugs import (
     lora_graph_capture,
     moe_align_grid,
     moe_lora_consumer_grid,
+    moe_pad_nan_topk,
+    moe_pad_sentinel,
     pad_slot_negative_index,
     partial_wake_forward,
     sleep_prefix_cache,
@@ -41,8 +43,10 @@ BUGS: tuple[BugRecord, ...] = (
     kv_block_stale_nan.RECORD,
     partial_wake_forward.RECORD,
     # padding rows and sentinels (issue 23), in upstream fix order
+    moe_pad_nan_topk.RECORD,
     spec_stale_pad_tail.RECORD,
     pad_slot_negative_index.RECORD,
+    moe_pad_sentinel.RECORD,
 )
 
 

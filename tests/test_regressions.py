@@ -105,6 +105,9 @@ REQUIRED_AXES = {
     # padding rows and sentinels (issue 23): what pads a batch is a captured graph
     "pad_slot_negative_index": {"graph_modes": {"FULL", "PIECEWISE"}},
     "spec_stale_pad_tail": {"graph_modes": {"FULL"}},
+    # padding rows exist only in graph replays (one size, two paddings)
+    "moe_pad_nan_topk": {"graph_modes": {"PIECEWISE"}, "steps_per_size": 2},
+    "moe_pad_sentinel": {"graph_modes": {"FULL", "PIECEWISE"}, "steps_per_size": 2},
 }
 
 

@@ -42,6 +42,7 @@ class AttentionMetadata:
     max_model_len: int
     uniform_decode: bool  # one token per request: the split-KV decode backend may serve it
     sched: object | None = None  # the decode backend's lazily planned state (flashmla.py)
+    num_actual_tokens: int | None = None  # the tokens attention computes, padding excluded
 
 
 class KVCache:
@@ -217,6 +218,7 @@ class KVCache:
             batch.seq_lens,
             self.max_model_len,
             batch.uniform_decode,
+            num_actual_tokens=batch.num_tokens,
         )
 
 

@@ -13,7 +13,10 @@ Layer 1's MLP is a mixture of experts: a hash router sends token id t to experts
 (top_k distinct), y = sum over them of h @ E[e].T + scale * (h @ A[lora, e].T) @ B[lora, e].T,
 then relu; the expert LoRA runs upstream's way: align per LoRA slot (kernels/moe_lora_align,
 CUDA C++ on the GPU, its Triton twin on the CPU), the fused shrink that consumes the align
-outputs, an expand.
+outputs, an expand. With `learned_gate` (no expert LoRA) a gate routes instead: logits h @ G.T,
+softmax top-k (kernels/topk_gate; with `skip_padding` padding rows get expert -1), and
+y = sum of weight * h @ E[e].T over expert-sorted rows (kernels/moe_permute: sort, GEMM,
+finalize), then relu.
 LM head: logits[r] = h[logits_indices[r]] @ head.T + scale * (h @ A.T) @ B.T with the request's
 adapter (the punica wrapper's prompt mapping). Base weights and adapters are small integers.
 The normalizer is the model's one buffer (`named_buffers`): it lives in the weights pool with
@@ -32,14 +35,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from harness.fixes import ALL_FIXES, Fix, Variant
 from harness.runner.cudagraph import Launcher
 from harness.runner.flashmla import FlashMLABackend
 from harness.runner.input_batch import InputBatch
 from harness.runner.kv_cache import AttentionMetadata
 from harness.runner.lora import MoEConfig, PunicaWrapper
+from kernels.moe_permute import moe_finalize, moe_permute_experts
 from kernels.paged_attention import paged_attention, reshape_and_cache
+from kernels.topk_gate import topk_gate
 
 EPS = 1e-6
+POISON_ROW = 2**31 - 1  # an expert-sorted row no sort writes: far past any buffer
 # the runner's dtypes, by torch's names (harness.record.DTYPES, for the CLI, is the same tuple).
 # Not float16: the integer weights put LoRA logits past its largest value (65504)
 DTYPES = ("float32", "bfloat16")
@@ -65,6 +72,8 @@ class ModelConfig:
     # the embedding's normalizer (Gemma: sqrt(hidden_size)), a buffer, not a checkpoint
     # parameter; 1.0 leaves every output as it was before the normalizer existed
     embed_scale: float = 1.0
+    learned_gate: bool = False  # the MoE routes by a learned gate, not by token id
+    skip_padding: bool = False  # the gate marks padding rows -1 (upstream VLLM_MOE_SKIP_PADDING)
 
 
 def _ints(gen: torch.Generator, *shape: int, low: int = -1, high: int = 2) -> torch.Tensor:
@@ -97,6 +106,8 @@ class TinyLoRADecoder:
         self.router = weights["router"].to(device)  # [vocab, top_k] int32
         self.normalizer = place(torch.tensor([c.embed_scale], dtype=self.dtype))  # [1]
         self.attn = [[place(w) for w in ws] for ws in weights["attn"]]  # per layer q, k, v, o
+        self.gate = place(weights["gate"]) if c.learned_gate else None  # [experts, hidden]
+        self.fixes: Variant = ALL_FIXES  # set by the runner: the variant's fix parts
         self.decode_backend: FlashMLABackend | None = None  # set by the runner's config
         self.moe = MoEConfig()  # set by the runner: align backend and fix switches
         self.cache_write_warps = 4  # the KV-cache write's launch config (the runner tunes it)
@@ -127,6 +138,7 @@ class TinyLoRADecoder:
         router = torch.stack(
             [torch.randperm(c.num_experts, generator=gen)[: c.top_k] for _ in range(c.vocab_size)]
         ).to(torch.int32)
+        gate = _ints(gen, c.num_experts, c.hidden_size)  # drawn last: the others stay as they were
         return {
             "embed": embed.to(self.dtype),
             "mlp": mlp.to(self.dtype),
@@ -134,13 +146,15 @@ class TinyLoRADecoder:
             "head": head.to(self.dtype),
             "attn": attn,
             "router": router,
+            "gate": gate.to(self.dtype),
         }
 
     def reload_weights(self) -> None:
         """Write the seeded base weights again, in place (after their memory was discarded)."""
         weights = self._seeded_weights()
-        for name in ("embed", "head", "mlp", "experts"):
-            getattr(self, name).copy_(weights[name])
+        for name in ("embed", "head", "mlp", "experts", "gate"):
+            if getattr(self, name) is not None:
+                getattr(self, name).copy_(weights[name])
         for mine, fresh in zip(self.attn, weights["attn"], strict=True):
             for w, f in zip(mine, fresh, strict=True):
                 w.copy_(f)
@@ -188,7 +202,7 @@ class TinyLoRADecoder:
         c = self.config
         h = self._embed(batch.input_ids, wrappers, launch)
         h = self._mlp(self._attention(0, h, attn, launch), wrappers, launch)
-        h = self._moe(self._attention(1, h, attn, launch), batch.input_ids, wrappers, launch)
+        h = self._moe(self._attention(1, h, attn, launch), batch, wrappers, launch)
         rows = batch.logits_indices.shape[0]
         sample = torch.empty(rows, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(torch.index_select, h, 0, batch.logits_indices, out=sample)
@@ -224,10 +238,16 @@ class TinyLoRADecoder:
         launch(torch.relu_, y)
         return y
 
-    def _moe(self, h, input_ids, wrappers, launch: Launcher) -> torch.Tensor:
+    def _moe(self, h, batch: InputBatch, wrappers, launch: Launcher) -> torch.Tensor:
         c, n = self.config, h.shape[0]
+        if c.learned_gate:
+            if wrappers is not None:
+                raise ValueError("the learned gate serves no expert LoRA: enable_lora=False")
+            y = self._gated_experts(h, batch, launch)
+            launch(torch.relu_, y)
+            return y
         topk_ids = torch.empty(n, c.top_k, dtype=torch.int32, device=self.device)
-        launch(torch.index_select, self.router, 0, input_ids, out=topk_ids)
+        launch(torch.index_select, self.router, 0, batch.input_ids, out=topk_ids)
         y = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(_experts, h, self.experts, topk_ids, y)
         if wrappers is not None:
@@ -245,14 +265,40 @@ class TinyLoRADecoder:
         launch(torch.relu_, y)
         return y
 
+    def _gated_experts(self, h, batch: InputBatch, launch: Launcher) -> torch.Tensor:
+        """Route by the gate's softmax top-k, then the experts over expert-sorted rows."""
+        c, n = self.config, h.shape[0]
+        logits = torch.empty(n, c.num_experts, dtype=self.dtype, device=self.device)
+        launch(torch.mm, h, self.gate.T, out=logits)
+        topk_ids = torch.empty(n, c.top_k, dtype=torch.int32, device=self.device)
+        topk_weights = torch.empty(n, c.top_k, device=self.device)
+        # padding rows: from the live step's real token count (a graph replay reads it)
+        padding = batch.query_start_loc[-1:] if c.skip_padding else None
+        clamp = Fix.MOE_GATE_NAN_CLAMP in self.fixes  # fix: moe_gate_nan_clamp
+        launch(topk_gate, logits, topk_ids, topk_weights, padding, clamp_nonfinite=clamp)
+        # NOTE: upstream's workspace is empty memory; poisoned here on purpose (int32 max: a
+        # row far past any buffer), so an entry the sort never writes reads the same each run
+        rows = torch.full((n * c.top_k,), POISON_ROW, dtype=torch.int32, device=self.device)
+        permuted = torch.empty(n * c.top_k, c.hidden_size, dtype=self.dtype, device=self.device)
+        launch(moe_permute_experts, h, self.experts, topk_ids, permuted, rows)
+        y = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
+        skip = Fix.MOE_PAD_SENTINEL_GUARD in self.fixes  # fix: moe_pad_sentinel_guard
+        args = (permuted, rows, topk_ids, topk_weights, y, c.num_experts)
+        launch(moe_finalize, *args, skip_invalid=skip)
+        return y
+
     def _attention(self, i: int, h, attn: AttentionMetadata, launch: Launcher) -> torch.Tensor:
         c, n = self.config, h.shape[0]
         heads, dim = c.num_heads, c.hidden_size // c.num_heads
         normed = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(rms_norm, h, normed)
-        q, k, v, o = (
-            torch.empty(n, heads, dim, dtype=self.dtype, device=self.device) for _ in range(4)
+        q, k, v = (
+            torch.empty(n, heads, dim, dtype=self.dtype, device=self.device) for _ in range(3)
         )
+        # NOTE: attention writes the rows of real tokens only (attn.num_actual_tokens); upstream
+        # leaves the padding rows empty memory, NaN in nearly every padded step it measured
+        # (vLLM #39593): poisoned here on purpose, NaN
+        o = torch.full((n, heads, dim), float("nan"), dtype=self.dtype, device=self.device)
         wq, wk, wv, wo = self.attn[i]
         for out, w in ((q, wq), (k, wk), (v, wv)):
             launch(torch.mm, normed, w.T, out=out.view(n, c.hidden_size))
@@ -275,15 +321,16 @@ class TinyLoRADecoder:
             )
             return
         # NOTE: max_model_len bounds the kernel's loop (a constexpr), not the live lengths
+        real = slice(0, attn.num_actual_tokens)  # upstream: FlashAttention's num_actual_tokens
         launch(
             paged_attention,
-            q,
+            q[real],
             k_cache,
             v_cache,
             table,
-            attn.token_rows,
-            attn.positions,
-            o,
+            attn.token_rows[real],
+            attn.positions[real],
+            o[real],
             scale,
             attn.max_model_len,
         )

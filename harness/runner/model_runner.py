@@ -119,6 +119,7 @@ class ModelRunner:
             c.enable_prefix_caching,
             c.hybrid,
         )
+        self.model.fixes = self.fixes
         self.model.moe = MoEConfig(
             "cuda" if self.device == "cuda" else "triton",
             AlignFixes(*(part in self.fixes for part in ALIGN_PARTS)),
@@ -263,6 +264,7 @@ class ModelRunner:
         if desc.cg_mode == PIECEWISE:  # its attention runs eagerly, on this step
             attn = self.capture_attn[desc]
             attn.sched, attn.uniform_decode = FlashMLASchedMeta(), batch.uniform_decode
+            attn.num_actual_tokens = batch.num_tokens  # the padding rows stay as allocated
         hidden, logits = self.cudagraph_manager.run(desc)
         if desc.cg_mode == PIECEWISE:  # a FULL graph holds the draft prefill
             self._draft_prefill(hidden, batch.num_reqs)

@@ -1,0 +1,5 @@
+"""`python -m repro.bugs.moe_pad_nan_topk [matrix options]`: fixed and buggy side by side."""
+
+from repro.cli import run_alone
+
+run_alone("moe_pad_nan_topk")
