@@ -206,6 +206,56 @@ def _draft_tail_probe(device: str, fixes: frozenset[Fix]) -> Problems:
     return problems
 
 
+def _gate_nan_probe(device: str, fixes: frozenset[Fix]) -> Problems:
+    """The learned gate's top-k of 2 real rows and 2 NaN rows (a PIECEWISE replay's padding
+    rows): every row gets top_k distinct experts in range, as the expert sort assumes."""
+    import torch
+
+    from kernels.topk_gate import topk_gate
+
+    logits = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).to(device)
+    logits[2:] = float("nan")
+    ids = torch.empty(4, 2, dtype=torch.int32, device=device)
+    weights = torch.empty(4, 2, dtype=torch.float32, device=device)
+    topk_gate(logits, ids, weights, clamp_nonfinite=Fix.MOE_GATE_NAN_CLAMP in fixes)
+    rows = ids.cpu().tolist()
+    bad = [
+        r
+        for r, pair in enumerate(rows)
+        if len(set(pair)) != 2 or not 0 <= min(pair) <= max(pair) < 8
+    ]
+    return [
+        f"rows {bad} route to {[rows[r] for r in bad]}: not 2 distinct experts" if bad else None
+    ]
+
+
+def _finalize_padding_probe(device: str, fixes: frozenset[Fix]) -> Problems:
+    """Top-k with 2 real tokens of 4 (rows 2, 3 get expert -1, weight 0), the expert sort (no
+    row for -1: those pairs' entries of unpermuted_rows keep int32 max), then the finalize:
+    the real tokens' outputs match the reference, the padding rows are 0."""
+    import torch
+
+    from harness.oracle import close
+    from kernels.moe_permute import moe_finalize, moe_permute_experts, moe_permute_reference
+    from kernels.topk_gate import topk_gate
+
+    gen = torch.Generator().manual_seed(0)
+    h, experts = torch.randn(4, 16, generator=gen), torch.randn(8, 16, 16, generator=gen)
+    logits = h @ torch.randn(8, 16, generator=gen).T
+    ids = torch.empty(4, 2, dtype=torch.int32, device=device)
+    weights = torch.empty(4, 2, dtype=torch.float32, device=device)
+    real = torch.tensor([2], dtype=torch.int32, device=device)
+    topk_gate(logits.to(device), ids, weights, real)
+    permuted = torch.full((8, 16), UNWRITTEN, device=device)
+    rows = torch.full((8,), torch.iinfo(torch.int32).max, dtype=torch.int32, device=device)
+    moe_permute_experts(h.to(device), experts.to(device), ids, permuted, rows)
+    out = torch.full((4, 16), UNWRITTEN, device=device)
+    skip = Fix.MOE_PAD_SENTINEL_GUARD in fixes
+    moe_finalize(permuted, rows, ids, weights, out, 8, skip_invalid=skip)
+    want = moe_permute_reference(h, experts, ids.cpu(), weights.cpu())
+    return [close("the tokens' MoE outputs (padding rows 0)", out, want)]
+
+
 KV_CACHE, LORA_OPS, LORA = (
     "harness/runner/kv_cache.py",
     "kernels/lora_ops.py",
@@ -291,6 +341,26 @@ CONTRACTS = (
         _draft_tail_probe,
         part=Fix.SPEC_PAD_LAST_TOKEN_INDICES,
         bug="spec_stale_pad_tail",
+    ),
+    Contract(
+        "gate_topk_clamps_nan_rows",
+        "NaN padding rows (a PIECEWISE replay's attention output past the real tokens)",
+        "the attention of a graph replay (harness/runner/model.py: num_actual_tokens)",
+        "the learned gate's top-k (kernels/topk_gate.py)",
+        "NaN/Inf probabilities clamp to 0 before the selection: distinct experts",
+        _gate_nan_probe,
+        part=Fix.MOE_GATE_NAN_CLAMP,
+        bug="moe_pad_nan_topk",
+    ),
+    Contract(
+        "finalize_skips_padding_experts",
+        "expert -1, weight 0 (padding rows)",
+        "the learned gate's top-k, past the step's real-token count (kernels/topk_gate.py)",
+        "the MoE finalize (kernels/moe_permute.py), after a sort that gives -1 no row",
+        "ids outside [0, num_experts) are skipped before the pair's row lookup",
+        _finalize_padding_probe,
+        part=Fix.MOE_PAD_SENTINEL_GUARD,
+        bug="moe_pad_sentinel",
     ),
 )
 NAMES = {c.name: c for c in CONTRACTS}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,8 @@ def test_every_consumer_honours_its_sentinel(contract, device):
 @pytest.mark.parametrize("contract", CASES)
 def test_removing_the_guard_breaks_the_contract(contract, device, tmp_path):
     """In a child process on a copy of the tree: a consumer without its guard may fault (a
-    device-side assert ends the process's CUDA context)."""
+    device-side assert ends the process's CUDA context; an out-of-bounds load in Triton's
+    interpreter ends the process with SIGSEGV, the CPU's illegal address)."""
     for directory in TREE:
         shutil.copytree(ROOT / directory, tmp_path / directory)
     for file, old, new in contract.edits:
@@ -47,6 +49,8 @@ def test_removing_the_guard_breaks_the_contract(contract, device, tmp_path):
     command = [sys.executable, "-m", "repro.sentinels", contract.name, "--device", device]
     command += ["--without-part"] if contract.part else []
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    if proc.returncode == -signal.SIGSEGV:  # the interpreter's illegal address: the process dies
+        return
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"{contract.name}: BROKEN" in proc.stdout, proc.stdout
 
