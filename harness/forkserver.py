@@ -11,12 +11,14 @@ stale project code, whoever started it and whatever was checked out since. Nothi
 torch about devices: torch.cuda.is_available() would poison every later fork for CUDA.
 
 What every child would repeat and is CUDA-free is done once, before any fork (_preload): Triton's
-own cache key (a hash of its compiler and its library: 0.4 s per child on an H100 machine) and the
-modules its compiler imports at the first launch. A warm cuda server also keeps one spare child
-per GPU ahead of the next request: forked in the environment of the request before it, the spare
-creates its CUDA context and waits; a request with that same environment and GPU takes it (its
-clock starts then), any other request gets a fresh fork. The context is made before any project
-module is imported and nothing is allocated, so a spare runs a scenario as a fresh child would.
+own cache key (a hash of its compiler and its library: 0.4 s per child on an H100 machine), the
+modules its compiler imports at the first launch, and torch._dynamo (imported by the first use of
+a TorchDispatchMode, which the graph emulation records with: 1.2 s per capturing child). A warm
+cuda server also keeps one spare child per GPU ahead of the next request: forked in the
+environment of the request before it, the spare creates its CUDA context and waits; a request
+with that same environment and GPU takes it (its clock starts then), any other request gets a
+fresh fork. The context is made before any project module is imported and nothing is
+allocated, so a spare runs a scenario as a fresh child would.
 
 Protocol: JSON lines over each connection; stdout and stderr are only a log, so a library that
 prints cannot break it.
@@ -63,8 +65,11 @@ def _preload(device: str) -> dict[str, str]:
     else:
         os.environ.pop("TRITON_INTERPRET", None)
     import numpy  # noqa: F401
-    import torch  # noqa: F401
+    import torch
     import triton  # noqa: F401
+
+    with contextlib.suppress(ImportError):  # a TorchDispatchMode's first use imports it (1.2 s):
+        import torch._dynamo  # noqa: F401  # every child that captures a graph would repeat it
 
     _prime_triton(device)
     return installed_versions()
