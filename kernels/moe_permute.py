@@ -53,6 +53,11 @@ def moe_permute_experts(
     unpermuted_rows: torch.Tensor,  # [num_tokens * top_k] int32: pair -> row, written
 ) -> None:
     """Steps one and two: each expert's rows in expert order, and their GEMM."""
+    if h.is_cuda and h.dtype != torch.float32:
+        raise ValueError(
+            f"moe_permute_experts in {h.dtype} on a GPU: refused, its outputs were wrong on an "
+            "H100 (tests/test_moe_permute.py, 2026-11-25, open); float32 only there"
+        )
     num_tokens, k = h.shape
     num_experts, n, _ = experts.shape
     top_k = topk_ids.shape[1]

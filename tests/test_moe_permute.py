@@ -63,7 +63,13 @@ def test_sorted_experts_match_the_reference(device, tokens, experts, hidden, n, 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
 def test_16_bit_activations_accumulate_in_float32(device, dtype) -> None:
+    """On the CPU; a GPU refuses 16-bit activations (open: its outputs were wrong on an H100,
+    89% of them off by up to 40, 2026-11-25)."""
     h, w, ids, weights = _inputs(9, 8, 32, 32, 2, seed=1)
+    if device == "cuda":
+        with pytest.raises(ValueError, match="refused"):
+            _run(device, h, w, ids, weights, poison=0, dtype=dtype)
+        return
     _, out = _run(device, h, w, ids, weights, poison=0, dtype=dtype)
     want = moe_permute_reference(h, w, ids, weights)
     torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=1e-2)
