@@ -155,9 +155,9 @@ class Machine:
         for i, (old, new) in enumerate(zip(before, (*kv.k_caches, *kv.v_caches), strict=True)):
             g = i % groups
             mine = {kv.slot(g, row, c + p) for row, (_, n, c) in enumerate(shape) for p in range(n)}
-            old, new = old.flatten(0, 1).cpu(), new.flatten(0, 1).cpu()
-            changed = (old != new) & ~(old.isnan() & new.isnan())
-            stray = sorted(set(changed.flatten(1).any(1).nonzero().flatten().tolist()) - mine)
+            old, new = old.flatten(0, 1), new.flatten(0, 1)
+            changed = ((old != new) & ~(old.isnan() & new.isnan())).flatten(1).any(1)
+            stray = sorted(set(changed.nonzero().flatten().tolist()) - mine)
             if stray:
                 which = "KV"[i // groups]
                 problems.append(
