@@ -59,6 +59,9 @@ class Fix(enum.Enum):
     # moe_pad_sentinel: consumers honour the -1 expert id of padding rows (producers: vLLM
     # #46428, #48979; consumers fixed by #57036, #57946, open)
     MOE_PAD_SENTINEL_GUARD = "moe_pad_sentinel_guard"
+    # vLLM #48419 (input_batch_swap_alias; open upstream): swap_states swaps the allowed-token-ids
+    # mask rows through a copy (list indexing), not a tuple of two row views
+    INPUT_BATCH_SWAP_COPY = "input_batch_swap_copy"
 
 
 Variant = frozenset[Fix]

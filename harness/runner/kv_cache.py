@@ -100,6 +100,13 @@ class KVCache:
             self.free_lists[0][:0] = [self.state_blocks.pop(row)]
         self.tokens.pop(row, None)
 
+    def swap_rows(self, i: int, j: int) -> None:
+        """Requests in rows i and j trade places (a batch reordered by swaps): their blocks,
+        state block and tokens move with them (the device tables follow in ensure_blocks)."""
+        for table in (self.blocks, self.state_blocks, self.tokens):
+            held = {row: table.pop(row) for row in (i, j) if row in table}
+            table.update({j if row == i else i: value for row, value in held.items()})
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while a request holds blocks, as
         upstream's (vLLM #12284)."""
