@@ -110,6 +110,7 @@ REQUIRED_AXES = {
     "moe_pad_sentinel": {"graph_modes": {"FULL", "PIECEWISE"}, "steps_per_size": 2},
     # memos, aliases and two notions of one size (issue 24): a swap on the host, no graph
     "input_batch_swap_alias": {"graph_modes": {"NONE"}},
+    "kernel_block_size": {"graph_modes": {"NONE"}},
 }
 
 

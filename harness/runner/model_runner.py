@@ -75,7 +75,10 @@ class RunnerConfig:
     decode_backend: str = "paged"  # "flashmla": split-KV for uniform decode, planned lazily;
     # "trtllm": the same, loading whole KV pages (unused slots weighted 0), as TRTLLM's does
     draft_attention: bool = False  # a speculator's draft attention on the captured states
-    block_sizes: tuple[int, ...] = (4, 16)  # one KV-cache group per layer
+    block_sizes: tuple[int, ...] = (4, 16)  # one KV-cache group per layer (the KV manager's)
+    # per group, the attention kernel's block size, dividing the manager's (upstream: chosen
+    # from the backends' supported sizes when the manager's is not one, as for hybrid models)
+    kernel_block_sizes: tuple[int, ...] = ()
     num_kv_blocks: int = 64  # per group
     max_model_len: int = 32
     num_splits: int = 4  # split-KV work partitions
@@ -128,6 +131,8 @@ class ModelRunner:
             m.seed,
             c.enable_prefix_caching,
             c.hybrid,
+            c.kernel_block_sizes,
+            self._builder_block_sizes(),
         )
         self.model.fixes = self.fixes
         self.model.moe = MoEConfig(
@@ -148,6 +153,14 @@ class ModelRunner:
         self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes)
         self.capture_attn: dict[BatchExecutionDescriptor, AttentionMetadata] = {}
         self.tuned: set[tuple[bool, int]] = set()  # (capture path?, size) tuned on a first call
+
+    def _builder_block_sizes(self) -> tuple[int, ...]:
+        """The block size each group's attention metadata builder is given."""
+        c = self.config
+        if Fix.KERNEL_BLOCK_SIZE_TO_BUILDERS in self.fixes:
+            # fix: kernel_block_size_to_builders -- the tables and cache views are in kernel blocks
+            return c.kernel_block_sizes or c.block_sizes
+        return c.block_sizes  # the KV manager's (upstream: kv_cache_spec.block_size)
 
     def _hidden_state_readers(self) -> tuple[CacheOnlyLayer | None, DraftPrefill | None]:
         """What reads the model's hidden states after its forward, when configured: a
