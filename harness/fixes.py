@@ -59,6 +59,12 @@ class Fix(enum.Enum):
     # moe_pad_sentinel: consumers honour the -1 expert id of padding rows (producers: vLLM
     # #46428, #48979; consumers fixed by #57036, #57946, open)
     MOE_PAD_SENTINEL_GUARD = "moe_pad_sentinel_guard"
+    # vLLM #48419 (input_batch_swap_alias; open upstream): swap_states swaps the allowed-token-ids
+    # mask rows through a copy (list indexing), not a tuple of two row views
+    INPUT_BATCH_SWAP_COPY = "input_batch_swap_copy"
+    # vLLM #27753 (kernel_block_size; issues #27264, #26936): the attention metadata builders
+    # get the kernel block size, the one the block tables and the cache views are in
+    KERNEL_BLOCK_SIZE_TO_BUILDERS = "kernel_block_size_to_builders"
 
 
 Variant = frozenset[Fix]

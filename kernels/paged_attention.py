@@ -169,6 +169,7 @@ def paged_attention(
     *,
     k_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
     v_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
+    block_size: int | None = None,  # tokens per block-table entry (default: k_cache's pages)
 ) -> None:
     num_tokens, heads, dim = query.shape
     assert query.is_contiguous() and out.is_contiguous() and block_table.is_contiguous()
@@ -188,7 +189,7 @@ def paged_attention(
         out,
         scale,
         block_table.stride(0),
-        k_cache.shape[1],
+        k_cache.shape[1] if block_size is None else block_size,
         HEADS=heads,
         KV_HEADS=kv_heads,
         DIM=dim,

@@ -9,6 +9,8 @@ from repro.bugs import (
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
+    input_batch_swap_alias,
+    kernel_block_size,
     kv_block_stale_nan,
     lazy_attn_state,
     level2_sleep_state,
@@ -47,6 +49,9 @@ BUGS: tuple[BugRecord, ...] = (
     spec_stale_pad_tail.RECORD,
     pad_slot_negative_index.RECORD,
     moe_pad_sentinel.RECORD,
+    # memos, aliases and two notions of one size (issue 24)
+    kernel_block_size.RECORD,
+    input_batch_swap_alias.RECORD,
 )
 
 

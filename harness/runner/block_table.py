@@ -6,6 +6,10 @@ contents, so init_block_table_layout_tensors() must run again (vLLM #40648). A g
 the gather or the slot mappings holds the layout tensors' addresses: refreshing them as new
 tensors leaves it reading the old ones (vLLM #53197's hazard); `in_place` refreshes them where
 they are.
+
+The tables are in kernel blocks: a group whose attention kernel takes blocks smaller than the KV
+manager's (`blocks_per_kv_block` > 1) gets each manager block expanded into its kernel blocks
+(vLLM #24486; Model Runner V2: #38831), and slot mappings are computed in kernel blocks.
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ def run_now(fn, *args, **kwargs) -> None:
 class BlockTables:
     def __init__(
         self,
-        block_sizes: Sequence[int],
+        block_sizes: Sequence[int],  # the kernels' (tokens per table entry)
         max_num_reqs: int,
         max_num_tokens: int,
         max_model_len: int,
         pools: TaggedPools,
+        blocks_per_kv_block: Sequence[int] = (),  # kernel blocks per manager block (1s)
     ) -> None:
         self.block_sizes = list(block_sizes)
+        self.blocks_per_kv_block = list(blocks_per_kv_block) or [1] * len(self.block_sizes)
         self.max_num_tokens = max_num_tokens
         self.pools = pools
         self.max_num_blocks = [triton.cdiv(max_model_len, size) for size in self.block_sizes]
@@ -66,13 +72,15 @@ class BlockTables:
                 setattr(self, name, self.pools.tensor(TAG, values, dtype))
 
     def set_row(self, req_index: int, block_ids: Sequence[Sequence[int]]) -> None:
-        """The whole block list of request row `req_index`, one list per group, written by
+        """The whole block list of request row `req_index`, one list of KV-manager blocks per
+        group (expanded into kernel blocks), written by
         device kernels from staged ids (upstream's Model Runner V2 stages block ids and applies
         them with a kernel): a row written into released memory faults as an illegal address,
         as upstream's did (vLLM #44395), where a host-to-device copy is refused there
         ("invalid argument")."""
-        for g, ids in enumerate(block_ids):
-            table = self.block_tables[g]
+        for g, kv_ids in enumerate(block_ids):
+            table, per = self.block_tables[g], self.blocks_per_kv_block[g]
+            ids = [b * per + k for b in kv_ids for k in range(per)]  # manager -> kernel blocks
             staged = torch.tensor(ids, dtype=torch.int32).to(table.device)
             columns = torch.arange(len(ids), device=table.device)
             table[req_index].index_copy_(0, columns, staged)

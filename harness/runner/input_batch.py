@@ -4,6 +4,10 @@ NOTE: the buffers keep their addresses for the runner's lifetime: captured graph
 every batch is written into them in place. A batch may be padded (to a captured graph's size):
 padding tokens are id 0 at position 0 of row 0, without LoRA and without a KV-cache slot;
 padding requests are empty, of length 1, sampled from token 0.
+
+SamplingStates holds per-request sampling state in request rows (the allowed-token-ids mask);
+a batch that splits decodes from prefills is reordered by swapping rows (decode_first_swaps),
+where vLLM #48419's fix part lives.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.fixes import Fix, Variant
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -19,6 +25,7 @@ class Request:
     token_ids: tuple[int, ...]  # tokens scheduled this step
     lora_id: int = 0  # 0 = base model
     num_computed_tokens: int = 0  # position of the first scheduled token
+    allowed_token_ids: tuple[int, ...] | None = None  # SamplingParams.allowed_token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,3 +134,54 @@ def dummy_lengths(num_tokens: int, num_reqs: int) -> list[int]:
     """A dummy batch's tokens per request: split evenly, the last request takes the rest."""
     lengths = [num_tokens // num_reqs] * (num_reqs - 1)
     return [*lengths, num_tokens - sum(lengths)]
+
+
+class SamplingStates:
+    """Per-request sampling state in request rows: the allowed-token-ids mask (True: the token
+    is not allowed), a host tensor copied to the logits' device each step (upstream:
+    InputBatch.allowed_token_ids_mask_cpu_tensor). This runner keeps no request across steps:
+    the rows are written from each step's requests, then reordered with them."""
+
+    def __init__(self, max_num_reqs: int, vocab_size: int, fixes: Variant) -> None:
+        self.mask_cpu = torch.zeros(max_num_reqs, vocab_size, dtype=torch.bool)
+        self.fixes = fixes
+
+    def add_requests(self, requests: list[Request]) -> bool:
+        """Write the mask rows of `requests` in their order; whether any is restricted."""
+        self.mask_cpu[: len(requests)] = False
+        for row, q in enumerate(requests):
+            if q.allowed_token_ids is not None:
+                self.mask_cpu[row] = True
+                self.mask_cpu[row, list(q.allowed_token_ids)] = False
+        return any(q.allowed_token_ids is not None for q in requests)
+
+    def swap_states(self, i1: int, i2: int) -> None:
+        """Rows i1 and i2 trade their sampling state."""
+        mask = self.mask_cpu
+        if Fix.INPUT_BATCH_SWAP_COPY in self.fixes:
+            # fix: input_batch_swap_copy -- list indexing copies both rows before either is written
+            mask[[i1, i2]] = mask[[i2, i1]]
+        else:  # two views of live rows: row i1 is overwritten before the second write reads it
+            mask[i1], mask[i2] = mask[i2], mask[i1]
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits [num_reqs, vocab] with every disallowed token at -inf (a new tensor)."""
+        mask = self.mask_cpu[: logits.shape[0]].to(logits.device)
+        return logits.masked_fill(mask, float("-inf"))
+
+
+def decode_first_swaps(is_decode: list[bool]) -> list[tuple[int, int]]:
+    """The row swaps that put every decode before every prefill: the first prefill trades
+    places with the last decode until none is behind one (upstream:
+    reorder_batch_to_split_decodes_and_prefills, for backends that split them)."""
+    order, swaps = list(is_decode), []
+    front, back = 0, len(order) - 1
+    while True:
+        while front < back and order[front]:
+            front += 1
+        while front < back and not order[back]:
+            back -= 1
+        if front >= back:
+            return swaps
+        swaps.append((front, back))
+        order[front], order[back] = True, False

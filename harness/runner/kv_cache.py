@@ -32,7 +32,7 @@ TAG = "kv_cache"
 class AttentionMetadata:
     """One step's KV-cache view (batch rows and tokens, padding included)."""
 
-    k_caches: list[torch.Tensor]  # per group [num_blocks, block_size, heads, head_dim]
+    k_caches: list[torch.Tensor]  # per group [num_kernel_blocks, kernel_block_size, heads, dim]
     v_caches: list[torch.Tensor]
     slot_mappings: torch.Tensor  # [num_groups, num_tokens] int64, -1 for padding
     block_tables: list[torch.Tensor]  # per group [num_reqs, max_num_blocks] int32
@@ -43,6 +43,7 @@ class AttentionMetadata:
     uniform_decode: bool  # one token per request: the split-KV decode backend may serve it
     sched: object | None = None  # the decode backend's lazily planned state (flashmla.py)
     num_actual_tokens: int | None = None  # the tokens attention computes, padding excluded
+    block_sizes: tuple[int, ...] = ()  # per group, what the builder tells attention a block is
 
 
 class KVCache:
@@ -60,8 +61,16 @@ class KVCache:
         seed: int = 0,
         prefix_caching: bool = False,
         hybrid: bool = False,  # a state group shares group 0's blocks (mamba.py)
+        kernel_block_sizes: tuple[int, ...] = (),  # per group, dividing block_sizes (default: =)
+        builder_block_sizes: tuple[int, ...] = (),  # per group, told to attention (default: =)
     ) -> None:
         self.block_sizes, self.num_blocks = block_sizes, num_blocks
+        self.kernel_block_sizes = kernel_block_sizes or block_sizes
+        self.builder_block_sizes = builder_block_sizes or self.kernel_block_sizes
+        pairs = list(zip(block_sizes, self.kernel_block_sizes, strict=True))
+        if any(m % k for m, k in pairs):
+            raise ValueError(f"kernel blocks {self.kernel_block_sizes} do not divide {block_sizes}")
+        per = [m // k for m, k in pairs]  # kernel blocks per manager block
         self.max_model_len, self.seed = max_model_len, seed
         self.prefix_caching, self.hybrid = prefix_caching, hybrid
         shape = lambda size: (num_blocks, size, num_heads, head_dim)
@@ -69,7 +78,7 @@ class KVCache:
         self.v_caches = [pools.zeros(TAG, shape(size), dtype) for size in block_sizes]
         self.state_pages = state_pages(self.v_caches[0]) if hybrid else None
         self.block_tables = BlockTables(
-            block_sizes, max_num_reqs, max_num_tokens, max_model_len, pools
+            self.kernel_block_sizes, max_num_reqs, max_num_tokens, max_model_len, pools, per
         )
         self.reset()
 
@@ -99,6 +108,13 @@ class KVCache:
         if row in self.state_blocks:
             self.free_lists[0][:0] = [self.state_blocks.pop(row)]
         self.tokens.pop(row, None)
+
+    def swap_rows(self, i: int, j: int) -> None:
+        """Requests in rows i and j trade places (a batch reordered by swaps): their blocks,
+        state block and tokens move with them (the device tables follow in ensure_blocks)."""
+        for table in (self.blocks, self.state_blocks, self.tokens):
+            held = {row: table.pop(row) for row in (i, j) if row in table}
+            table.update({j if row == i else i: value for row, value in held.items()})
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while a request holds blocks, as
@@ -209,8 +225,8 @@ class KVCache:
                 batch.query_start_loc[: batch.num_reqs + 1], batch.positions, run
             )
         return AttentionMetadata(
-            self.k_caches,
-            self.v_caches,
+            self.kernel_views(self.k_caches),
+            self.kernel_views(self.v_caches),
             tables.slot_mappings[:, :t],
             gathered,
             batch.token_rows,
@@ -219,7 +235,18 @@ class KVCache:
             self.max_model_len,
             batch.uniform_decode,
             num_actual_tokens=batch.num_tokens,
+            block_sizes=self.builder_block_sizes,
         )
+
+    def kernel_views(self, caches: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each group's cache as the attention kernel pages it: [num_blocks * blocks per
+        manager block, kernel block size, ...] (the same memory, the same slots)."""
+        if self.kernel_block_sizes == self.block_sizes:
+            return caches
+        return [
+            cache.view(-1, size, *cache.shape[2:])
+            for cache, size in zip(caches, self.kernel_block_sizes, strict=True)
+        ]
 
 
 def block_hashes(token_ids: Sequence[int], size: int) -> list[int]:

@@ -333,6 +333,7 @@ class TinyLoRADecoder:
             o[real],
             scale,
             attn.max_model_len,
+            block_size=attn.block_sizes[i],
         )
 
 

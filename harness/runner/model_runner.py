@@ -12,7 +12,7 @@ the speculator's draft prefill (speculator.py, vLLM #39773) hold theirs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,7 +26,13 @@ from harness.runner.cudagraph import (
 )
 from harness.runner.extract_hidden_states import CacheOnlyLayer
 from harness.runner.flashmla import DraftAttention, DraftInputs, FlashMLABackend, FlashMLASchedMeta
-from harness.runner.input_batch import InputBatch, InputBuffers, Request
+from harness.runner.input_batch import (
+    InputBatch,
+    InputBuffers,
+    Request,
+    SamplingStates,
+    decode_first_swaps,
+)
 from harness.runner.kv_cache import AttentionMetadata, KVCache
 from harness.runner.lora import (
     LoRAManager,
@@ -69,7 +75,10 @@ class RunnerConfig:
     decode_backend: str = "paged"  # "flashmla": split-KV for uniform decode, planned lazily;
     # "trtllm": the same, loading whole KV pages (unused slots weighted 0), as TRTLLM's does
     draft_attention: bool = False  # a speculator's draft attention on the captured states
-    block_sizes: tuple[int, ...] = (4, 16)  # one KV-cache group per layer
+    block_sizes: tuple[int, ...] = (4, 16)  # one KV-cache group per layer (the KV manager's)
+    # per group, the attention kernel's block size, dividing the manager's (upstream: chosen
+    # from the backends' supported sizes when the manager's is not one, as for hybrid models)
+    kernel_block_sizes: tuple[int, ...] = ()
     num_kv_blocks: int = 64  # per group
     max_model_len: int = 32
     num_splits: int = 4  # split-KV work partitions
@@ -82,6 +91,8 @@ class RunnerConfig:
     extract_hidden_states: bool = False
     # a speculator's draft prefill gathers each request's last hidden state (speculator.py)
     draft_prefill: bool = False
+    # decodes before prefills, by row swaps (backends that split them: MLA, FlashInfer)
+    reorder_batch: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +103,7 @@ class ModelOutput:
     logits: torch.Tensor  # [num_reqs, vocab], the sampled token of each request
     draft: torch.Tensor | None = None  # [num_reqs, heads, head_dim], the draft attention
     desc: BatchExecutionDescriptor | None = None  # the graph that ran; None: eager
+    req_ids: tuple[str, ...] = ()  # a real step's requests, in the rows of `logits`
 
 
 class ModelRunner:
@@ -102,6 +114,7 @@ class ModelRunner:
         self.pools = pools or make_pools(self.device)
         self.launch = Launcher()
         self.input_buffers = InputBuffers(c.max_num_tokens, c.max_num_reqs, self.device)
+        self.sampling = SamplingStates(c.max_num_reqs, m.vocab_size, self.fixes)
         self.model = TinyLoRADecoder(
             m, self.device, lambda t: self.pools.adopt("weights", t), c.dtype
         )
@@ -118,6 +131,8 @@ class ModelRunner:
             m.seed,
             c.enable_prefix_caching,
             c.hybrid,
+            c.kernel_block_sizes,
+            self._builder_block_sizes(),
         )
         self.model.fixes = self.fixes
         self.model.moe = MoEConfig(
@@ -138,6 +153,14 @@ class ModelRunner:
         self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes)
         self.capture_attn: dict[BatchExecutionDescriptor, AttentionMetadata] = {}
         self.tuned: set[tuple[bool, int]] = set()  # (capture path?, size) tuned on a first call
+
+    def _builder_block_sizes(self) -> tuple[int, ...]:
+        """The block size each group's attention metadata builder is given."""
+        c = self.config
+        if Fix.KERNEL_BLOCK_SIZE_TO_BUILDERS in self.fixes:
+            # fix: kernel_block_size_to_builders -- the tables and cache views are in kernel blocks
+            return c.kernel_block_sizes or c.block_sizes
+        return c.block_sizes  # the KV manager's (upstream: kv_cache_spec.block_size)
 
     def _hidden_state_readers(self) -> tuple[CacheOnlyLayer | None, DraftPrefill | None]:
         """What reads the model's hidden states after its forward, when configured: a
@@ -205,6 +228,9 @@ class ModelRunner:
             batch = self.input_buffers.dummy(num_tokens, num_reqs)
             self._set_dummy_lora_state(num_tokens, num_reqs)
             return self._eager(batch, self.kv_cache.metadata(batch))
+        restricted = self.sampling.add_requests(requests)
+        if self.config.reorder_batch:
+            requests = self._reorder_batch(requests)
         n, r = sum(len(q.token_ids) for q in requests), len(requests)
         uniform = all(len(q.token_ids) == 1 for q in requests)
         desc = None
@@ -225,9 +251,20 @@ class ModelRunner:
         if self.config.enable_lora:
             mapping = LoRAMapping(batch.token_lora_ids, batch.req_lora_ids, is_prefill=True)
             self.lora_manager._adapter_manager.set_adapter_mapping(mapping)
-        if desc is None:
-            return self._eager(batch, attn)
-        return self._replay(desc, batch)
+        out = self._eager(batch, attn) if desc is None else self._replay(desc, batch)
+        logits = self.sampling.apply(out.logits) if restricted else out.logits
+        return replace(out, logits=logits, req_ids=tuple(q.req_id for q in requests))
+
+    def _reorder_batch(self, requests: list[Request]) -> list[Request]:
+        """Decodes (one scheduled token) before prefills, by swapping rows of the persistent
+        state: the requests, their KV-cache rows and their sampling state (upstream: the
+        attention backend's reorder_batch calling InputBatch.swap_states)."""
+        requests = list(requests)
+        for i, j in decode_first_swaps([len(q.token_ids) == 1 for q in requests]):
+            requests[i], requests[j] = requests[j], requests[i]
+            self.kv_cache.swap_rows(i, j)
+            self.sampling.swap_states(i, j)
+        return requests
 
     def _zero_new_blocks(self) -> None:
         """Zero the blocks this step's requests were given, before any kernel reads them
