@@ -59,6 +59,9 @@ class Fix(enum.Enum):
     # moe_pad_sentinel: consumers honour the -1 expert id of padding rows (producers: vLLM
     # #46428, #48979; consumers fixed by #57036, #57946, open)
     MOE_PAD_SENTINEL_GUARD = "moe_pad_sentinel_guard"
+    # vLLM #47725 (lora_slot_memo; issue #47724): the mapping memo is keyed on the slot layout
+    # too, so an eviction that moves adapters under an unchanged mapping refreshes the metadata
+    LORA_SLOT_LAYOUT_MEMO = "lora_slot_layout_memo"
 
 
 Variant = frozenset[Fix]

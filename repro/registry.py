@@ -14,6 +14,7 @@ from repro.bugs import (
     level2_sleep_state,
     lora_dummy_run,
     lora_graph_capture,
+    lora_slot_memo,
     moe_align_grid,
     moe_lora_consumer_grid,
     moe_pad_nan_topk,
@@ -47,6 +48,8 @@ BUGS: tuple[BugRecord, ...] = (
     spec_stale_pad_tail.RECORD,
     pad_slot_negative_index.RECORD,
     moe_pad_sentinel.RECORD,
+    # memos, aliases and two notions of one size (issue 24), in upstream fix order
+    lora_slot_memo.RECORD,
 )
 
 

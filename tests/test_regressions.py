@@ -108,6 +108,8 @@ REQUIRED_AXES = {
     # padding rows exist only in graph replays (one size, two paddings)
     "moe_pad_nan_topk": {"graph_modes": {"PIECEWISE"}, "steps_per_size": 2},
     "moe_pad_sentinel": {"graph_modes": {"FULL", "PIECEWISE"}, "steps_per_size": 2},
+    # memos, aliases (issue 24): a hot-added adapter evicts one in flight, eager and replayed
+    "lora_slot_memo": {"graph_modes": {"NONE", "FULL"}, "adapters": {"enabled", "evicted"}},
 }
 
 

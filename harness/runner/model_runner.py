@@ -6,7 +6,9 @@ and #43314 live; capture_model sets it once per LoRA capture case (upstream's Lo
 hook) and then captures every descriptor on that state, without re-running the dummy branch.
 post_kv_cache_wake_up is where the fix part of vLLM #40648 lives; the graph manager's capture
 holds the one of vLLM #42444. The cache-only layer (extract_hidden_states.py, vLLM #43869) and
-the speculator's draft prefill (speculator.py, vLLM #39773) hold theirs.
+the speculator's draft prefill (speculator.py, vLLM #39773) hold theirs; the LoRA model
+manager's mapping memo (lora.py) holds vLLM #47725's, which the per-step activation of the
+batch's adapters (`_activate_adapters`) and an adapter added between steps exercise.
 """
 
 from __future__ import annotations
@@ -133,8 +135,9 @@ class ModelRunner:
         )
         self.cache_only, self.speculator = self._hidden_state_readers()
         self.lora_manager = LoRAManager(
-            LoRAModelManager(m.max_loras, m.vocab_size, self._punica_wrappers())
+            LoRAModelManager(m.max_loras, m.vocab_size, self._punica_wrappers(), self.fixes)
         )
+        self.registered_loras: dict[int, tuple[int, bool]] = {}  # id -> (seed, experts)
         self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes)
         self.capture_attn: dict[BatchExecutionDescriptor, AttentionMetadata] = {}
         self.tuned: set[tuple[bool, int]] = set()  # (capture path?, size) tuned on a first call
@@ -177,17 +180,32 @@ class ModelRunner:
         return [mapping[p] for p in TinyLoRADecoder.PREFIXES]
 
     def add_lora(self, lora_id: int, seed: int, experts: bool = True) -> int:
-        """Activate adapter `lora_id` with seeded weights (`experts=False`: none for the
-        experts: disabled there); returns its slot."""
+        """Register adapter `lora_id` with seeded weights (`experts=False`: none for the
+        experts: disabled there) and activate it now, between steps if the engine is serving
+        (upstream: add_lora's add_adapter activates at once, evicting the least recently used
+        adapter when every slot is taken); returns its slot."""
+        self.registered_loras[lora_id] = (seed, experts)
         slot = self.lora_manager._adapter_manager.activate_adapter(lora_id)
         self.model.load_lora(slot, seed, experts)
         return slot
 
     def remove_lora(self, lora_id: int) -> int:
-        """Evict adapter `lora_id`: its slot is freed and zeroed; returns the slot."""
+        """Remove adapter `lora_id`: unregistered, its slot freed and zeroed; returns the slot."""
+        self.registered_loras.pop(lora_id, None)
         slot = self.lora_manager._adapter_manager.deactivate_adapter(lora_id)
         self.model.reset_lora(slot)
         return slot
+
+    def _activate_adapters(self, requests: list[Request]) -> None:
+        """Each registered adapter of the step, in request order, made active (loaded into a
+        slot if it was evicted) and most recently used (upstream: set_active_adapters)."""
+        manager = self.lora_manager._adapter_manager
+        for lora_id in dict.fromkeys(q.lora_id for q in requests if q.lora_id):
+            if lora_id in self.registered_loras:
+                loaded = lora_id in manager.lora_index_to_id
+                slot = manager.activate_adapter(lora_id)
+                if not loaded:
+                    self.model.load_lora(slot, *self.registered_loras[lora_id])
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -223,6 +241,7 @@ class ModelRunner:
         if self.speculator is not None:
             self.speculator.prepare(batch)
         if self.config.enable_lora:
+            self._activate_adapters(requests)
             mapping = LoRAMapping(batch.token_lora_ids, batch.req_lora_ids, is_prefill=True)
             self.lora_manager._adapter_manager.set_adapter_mapping(mapping)
         if desc is None:
