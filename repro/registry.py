@@ -9,6 +9,7 @@ from repro.bugs import (
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
+    graph_output_alias,
     kv_block_stale_nan,
     lazy_attn_state,
     level2_sleep_state,
@@ -50,6 +51,7 @@ BUGS: tuple[BugRecord, ...] = (
     moe_pad_sentinel.RECORD,
     # memos, aliases and two notions of one size (issue 24), in upstream fix order
     lora_slot_memo.RECORD,
+    graph_output_alias.RECORD,
 )
 
 

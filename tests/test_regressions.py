@@ -110,6 +110,8 @@ REQUIRED_AXES = {
     "moe_pad_sentinel": {"graph_modes": {"FULL", "PIECEWISE"}, "steps_per_size": 2},
     # memos, aliases (issue 24): a hot-added adapter evicts one in flight, eager and replayed
     "lora_slot_memo": {"graph_modes": {"NONE", "FULL"}, "adapters": {"enabled", "evicted"}},
+    # a drafter's replay over the target's outputs: in both graph modes, prefill and decode
+    "graph_output_alias": {"graph_modes": {"PIECEWISE", "FULL"}, "steps_per_size": 2},
 }
 
 

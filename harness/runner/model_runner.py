@@ -14,7 +14,7 @@ batch's adapters (`_activate_adapters`) and an adapter added between steps exerc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -23,6 +23,7 @@ from harness.runner.cudagraph import (
     BatchExecutionDescriptor,
     CudaGraphManager,
     CUDAGraphMode,
+    GraphPool,
     Launcher,
     host_sync,
 )
@@ -84,6 +85,10 @@ class RunnerConfig:
     extract_hidden_states: bool = False
     # a speculator's draft prefill gathers each request's last hidden state (speculator.py)
     draft_prefill: bool = False
+    # the draft prefill in graphs of its own, replayed after the target's (upstream: the padded
+    # drafter's), and every graph's outputs in one shared pool (cudagraph.GraphPool)
+    draft_graphs: bool = False
+    prompt_logprobs: bool = False  # each step's log-softmax of every token's logits
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +99,7 @@ class ModelOutput:
     logits: torch.Tensor  # [num_reqs, vocab], the sampled token of each request
     draft: torch.Tensor | None = None  # [num_reqs, heads, head_dim], the draft attention
     desc: BatchExecutionDescriptor | None = None  # the graph that ran; None: eager
+    prompt_logprobs: torch.Tensor | None = None  # [num_tokens, vocab], read after the step
 
 
 class ModelRunner:
@@ -138,7 +144,11 @@ class ModelRunner:
             LoRAModelManager(m.max_loras, m.vocab_size, self._punica_wrappers(), self.fixes)
         )
         self.registered_loras: dict[int, tuple[int, bool]] = {}  # id -> (seed, experts)
-        self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes)
+        pool = self._graph_pool()
+        self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes, pool)
+        self.drafter_graphs = (
+            CudaGraphManager(self.device, self.launch, self.fixes, pool) if pool else None
+        )
         self.capture_attn: dict[BatchExecutionDescriptor, AttentionMetadata] = {}
         self.tuned: set[tuple[bool, int]] = set()  # (capture path?, size) tuned on a first call
 
@@ -154,6 +164,18 @@ class ModelRunner:
         if c.draft_prefill:
             speculator = DraftPrefill(c.max_num_reqs, self.model.head, self.device, c.fixes)
         return cache_only, speculator
+
+    def _graph_pool(self) -> GraphPool | None:
+        """With draft graphs: the pool the target's and the drafter's graph outputs share
+        (room for one graph's hidden states and logits), and the drafter's input buffer."""
+        c, m = self.config, self.config.model
+        if not c.draft_graphs:
+            return None
+        self.draft_hidden = torch.zeros(
+            c.max_num_tokens, m.hidden_size, dtype=self.model.dtype, device=self.device
+        )
+        numel = c.max_num_tokens * m.hidden_size + c.max_num_reqs * m.vocab_size
+        return GraphPool(numel, self.model.dtype, self.device)
 
     def _punica_wrappers(self) -> dict[str, PunicaWrapper]:
         # NOTE: the embedding and layer 0 share one wrapper object; layer 1 and the LM head
@@ -244,9 +266,16 @@ class ModelRunner:
             self._activate_adapters(requests)
             mapping = LoRAMapping(batch.token_lora_ids, batch.req_lora_ids, is_prefill=True)
             self.lora_manager._adapter_manager.set_adapter_mapping(mapping)
-        if desc is None:
-            return self._eager(batch, attn)
-        return self._replay(desc, batch)
+        out = self._eager(batch, attn) if desc is None else self._replay(desc, batch)
+        return self._read_prompt_logprobs(out)
+
+    def _read_prompt_logprobs(self, out: ModelOutput) -> ModelOutput:
+        """After the step (upstream: bookkeeping's prompt logprobs): every token's logits from
+        its hidden state through the LM head, log-softmaxed (no LoRA)."""
+        if not self.config.prompt_logprobs:
+            return out
+        logits = out.hidden_states.float() @ self.model.head.T.float()
+        return replace(out, prompt_logprobs=torch.log_softmax(logits, -1))
 
     def _zero_new_blocks(self) -> None:
         """Zero the blocks this step's requests were given, before any kernel reads them
@@ -285,12 +314,26 @@ class ModelRunner:
             attn.sched, attn.uniform_decode = FlashMLASchedMeta(), batch.uniform_decode
             attn.num_actual_tokens = batch.num_tokens  # the padding rows stay as allocated
         hidden, logits = self.cudagraph_manager.run(desc)
+        if self.drafter_graphs is not None:
+            return self._replay_drafter(desc, batch, hidden, logits)
         if desc.cg_mode == PIECEWISE:  # a FULL graph holds the draft prefill
             self._draft_prefill(hidden, batch.num_reqs)
         draft = None
         if self.draft is not None and desc in self.draft.graphs.graphs:
             draft = self.draft.graphs.run(desc)
         return self._output(batch, hidden, logits, draft, desc)
+
+    def _replay_drafter(self, desc, batch, hidden, logits) -> ModelOutput:
+        """The sampler consumes the target's logits; then the padded drafter replays its graph
+        on a copy of the target's hidden states, its outputs where the pool held the
+        target's."""
+        logits = logits.clone()  # NOTE: upstream samples before the drafter runs
+        if Fix.GRAPH_OUTPUT_COPY_BEFORE_DRAFT in self.fixes:
+            # fix: graph_output_copy_before_draft -- the drafter's outputs take this memory.
+            hidden = hidden.clone()
+        self.draft_hidden[: desc.num_tokens].copy_(hidden)
+        self.drafter_graphs.run(desc)
+        return self._output(batch, hidden, logits, None, desc)
 
     @staticmethod
     def _output(batch, hidden, logits, draft, desc) -> ModelOutput:
@@ -372,6 +415,8 @@ class ModelRunner:
             self._capture_lora_state(case)
             mine = [d for d in descs if d.num_active_loras == case]
             self.cudagraph_manager.capture(mine, self._create_forward_fn)
+            if self.drafter_graphs is not None:  # upstream: after the target, same pool
+                self.drafter_graphs.capture(mine, self._create_draft_fn)
         if self.draft is None or self.model.decode_backend is None:
             return
         graphs = self.cudagraph_manager
@@ -400,11 +445,23 @@ class ModelRunner:
             if self.config.tables_in_graph:
                 self.kv_cache.metadata(batch, self.launch)
             hidden, logits = self._model_forward(batch, attn)
-            if desc.cg_mode == FULL:  # upstream: the speculator's FULL prefill graph
+            # upstream: the speculator's FULL prefill graph, unless it has graphs of its own
+            if desc.cg_mode == FULL and not self.config.draft_graphs:
                 self._draft_prefill(hidden, desc.num_reqs)
             return hidden, logits
 
         return forward, attn.sched
+
+    def _create_draft_fn(self, desc: BatchExecutionDescriptor, warmup: bool = True):
+        """The padded drafter's forward for `desc`: the draft prefill on its input buffer,
+        returning the draft logits and the gathered hidden states (no attention state)."""
+        hidden, reqs = self.draft_hidden[: desc.num_tokens], desc.num_reqs
+
+        def forward(mode: CUDAGraphMode):
+            self.speculator.forward(hidden, reqs, self.launch)
+            return self.speculator.draft_logits[:reqs], self.speculator.sample[:reqs]
+
+        return forward, None
 
     def _model_forward(
         self, batch: InputBatch, attn: AttentionMetadata
