@@ -274,7 +274,7 @@ class ModelRunner:
         its hidden state through the LM head, log-softmaxed (no LoRA)."""
         if not self.config.prompt_logprobs:
             return out
-        logits = out.hidden_states.float() @ self.model.head.T.float()
+        logits = out.hidden_states @ self.model.head.T  # in the model's dtype, as the logits
         return replace(out, prompt_logprobs=torch.log_softmax(logits, -1))
 
     def _zero_new_blocks(self) -> None:
