@@ -91,3 +91,8 @@ def test_the_targets_hidden_states_leave_the_pool_before_the_drafter(device, fix
     else:
         eager = runner.execute_model(requests, use_cudagraph=False)
         assert not close("replay vs eager", out.hidden_states, eager.hidden_states)
+
+
+def test_draft_graphs_need_a_drafter(device) -> None:
+    with pytest.raises(ValueError, match="draft_graphs needs a drafter"):
+        ModelRunner(RunnerConfig(device, enable_lora=False, draft_graphs=True))

@@ -171,6 +171,8 @@ class ModelRunner:
         c, m = self.config, self.config.model
         if not c.draft_graphs:
             return None
+        if not c.draft_prefill:
+            raise ValueError("draft_graphs needs a drafter: draft_prefill=True")
         self.draft_hidden = torch.zeros(
             c.max_num_tokens, m.hidden_size, dtype=self.model.dtype, device=self.device
         )
