@@ -65,6 +65,12 @@ class Fix(enum.Enum):
     # vLLM #27753 (kernel_block_size; issues #27264, #26936): the attention metadata builders
     # get the kernel block size, the one the block tables and the cache views are in
     KERNEL_BLOCK_SIZE_TO_BUILDERS = "kernel_block_size_to_builders"
+    # vLLM #47725 (lora_slot_memo; issue #47724): the mapping memo is keyed on the slot layout
+    # too, so an eviction that moves adapters under an unchanged mapping refreshes the metadata
+    LORA_SLOT_LAYOUT_MEMO = "lora_slot_layout_memo"
+    # vLLM #53520 (graph_output_alias; open upstream, for issue #53488): the target's graph
+    # outputs leave the shared graph pool before the padded drafter's graph replays into it
+    GRAPH_OUTPUT_COPY_BEFORE_DRAFT = "graph_output_copy_before_draft"
 
 
 Variant = frozenset[Fix]

@@ -9,6 +9,7 @@ from repro.bugs import (
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
+    graph_output_alias,
     input_batch_swap_alias,
     kernel_block_size,
     kv_block_stale_nan,
@@ -16,6 +17,7 @@ from repro.bugs import (
     level2_sleep_state,
     lora_dummy_run,
     lora_graph_capture,
+    lora_slot_memo,
     moe_align_grid,
     moe_lora_consumer_grid,
     moe_pad_nan_topk,
@@ -49,9 +51,11 @@ BUGS: tuple[BugRecord, ...] = (
     spec_stale_pad_tail.RECORD,
     pad_slot_negative_index.RECORD,
     moe_pad_sentinel.RECORD,
-    # memos, aliases and two notions of one size (issue 24)
+    # memos, aliases and two notions of one size (issue 24), in upstream fix order
     kernel_block_size.RECORD,
+    lora_slot_memo.RECORD,
     input_batch_swap_alias.RECORD,
+    graph_output_alias.RECORD,
 )
 
 

@@ -111,6 +111,10 @@ REQUIRED_AXES = {
     # memos, aliases and two notions of one size (issue 24): a swap on the host, no graph
     "input_batch_swap_alias": {"graph_modes": {"NONE"}},
     "kernel_block_size": {"graph_modes": {"NONE"}},
+    # memos, aliases (issue 24): a hot-added adapter evicts one in flight, eager and replayed
+    "lora_slot_memo": {"graph_modes": {"NONE", "FULL"}, "adapters": {"enabled", "evicted"}},
+    # a drafter's replay over the target's outputs: in both graph modes, prefill and decode
+    "graph_output_alias": {"graph_modes": {"PIECEWISE", "FULL"}, "steps_per_size": 2},
 }
 
 

@@ -11,7 +11,9 @@ Semantics both share (tests/test_cudagraph.py pins them on either device):
   (a storage the emulation binds stays alive with its last contents; on the GPU a tensor freed
   by its owner leaves the graph reading memory the allocator may hand out again);
 - tensors allocated during capture keep their storage for every replay, and hold poison (int32
-  max, float32 NaN) until a replay writes them: what capture records does not run.
+  max, float32 NaN) until a replay writes them: what capture records does not run;
+- the outputs of graphs whose managers share a `GraphPool` are laid at one place in it (as
+  upstream's weak-referenced outputs in one pool): a replay of one overwrites another's.
 All device work goes through a `Launcher`; that is how the CPU emulation records it, and how
 either device reports which kernels a graph holds. PIECEWISE graphs leave out what is launched
 with `launcher.outside_graph(fn, ...)` (attention): that runs, host code included, at every
@@ -290,6 +292,33 @@ def capturing(
         launcher.recording = launcher.names = launcher.split = None
 
 
+class GraphPool:
+    """The memory the graphs of several managers share (upstream: one global graph pool), as
+    far as their outputs go. NOTE: upstream keeps a graph's outputs as weak references (vLLM
+    #9724): once captured, their memory is free in the pool, and the next graph captured
+    into it is handed the same memory. Modelled alike on both devices, by construction: one
+    flat arena, and every graph's outputs laid out from its start, written by the graph at
+    each replay. A graph's outputs hold what it wrote until another graph of the pool
+    replays: consume or copy them before that."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: str) -> None:
+        with poisoned_allocations():
+            self.arena = torch.empty(numel, dtype=dtype, device=device)
+
+    def place(self, outputs: tuple[torch.Tensor, ...], launcher: Launcher) -> tuple:
+        """Views of the arena for `outputs` (captured tensors), and the captured copies that
+        fill them at every replay."""
+        views, offset = [], 0
+        for out in outputs:
+            if out.numel() > self.arena.numel() - offset or out.dtype != self.arena.dtype:
+                raise ValueError(f"graph output {tuple(out.shape)} {out.dtype} past the pool")
+            view = self.arena[offset : offset + out.numel()].view(out.shape)
+            launcher(view.copy_, out)
+            views.append(view)
+            offset += out.numel()
+        return tuple(views)
+
+
 ForwardFn = Callable[[CUDAGraphMode], object]
 AttnState = object
 
@@ -297,9 +326,16 @@ AttnState = object
 class CudaGraphManager:
     """Captures one graph per batch descriptor into a shared pool; dispatches and replays."""
 
-    def __init__(self, device: str, launcher: Launcher, fixes: Variant = ALL_FIXES) -> None:
+    def __init__(
+        self,
+        device: str,
+        launcher: Launcher,
+        fixes: Variant = ALL_FIXES,
+        output_pool: GraphPool | None = None,
+    ) -> None:
         self.device, self.fixes = device, fixes
         self.launcher = launcher
+        self.output_pool = output_pool  # where the graphs' outputs live; None: their own
         self.pool, self.primer = None, None  # GPU: a poisoned pool, made at the first capture
         self.graphs: dict[BatchExecutionDescriptor, Graph] = {}
         self.outputs: dict[BatchExecutionDescriptor, object] = {}
@@ -343,7 +379,10 @@ class CudaGraphManager:
         self.captured_attn_states[desc] = attn_state
         piecewise = desc.cg_mode == CUDAGraphMode.PIECEWISE
         with capturing(self.launcher, self.device, self.pool, piecewise) as graph:
-            self.outputs[desc] = forward_fn(desc.cg_mode if piecewise else CUDAGraphMode.NONE)
+            outputs = forward_fn(desc.cg_mode if piecewise else CUDAGraphMode.NONE)
+            if self.output_pool is not None:
+                outputs = self.output_pool.place(outputs, self.launcher)
+            self.outputs[desc] = outputs
         self.graphs[desc] = graph
 
     def dispatch(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.fixes import ALL_FIXES, Fix, Variant
 from harness.runner.poison import poisoned_allocations
 from kernels.fused_moe_lora import ConsumerFixes, fused_moe_lora_expand, fused_moe_lora_shrink
 from kernels.lora_ops import KernelMeta, Launch, lora_expand, lora_shrink
@@ -220,35 +221,49 @@ def _add_pairs(expanded: torch.Tensor, y: torch.Tensor) -> None:
 
 
 class LoRAModelManager:
-    """Adapter slots and per-layer wrappers; upstream's `_adapter_manager`."""
+    """Adapter slots and per-layer wrappers; upstream's `_adapter_manager` (its LRU cache
+    manager: with every slot taken, activating an adapter evicts the least recently used)."""
 
     def __init__(
-        self, max_loras: int, vocab_size: int, punica_wrapper_mapping: dict[str, PunicaWrapper]
+        self,
+        max_loras: int,
+        vocab_size: int,
+        punica_wrapper_mapping: dict[str, PunicaWrapper],
+        fixes: Variant = ALL_FIXES,
     ) -> None:
         self.lora_index_to_id: list[int | None] = [None] * max_loras
-        self.vocab_size = vocab_size
+        self.vocab_size, self.fixes = vocab_size, fixes
         self.punica_wrapper_mapping = punica_wrapper_mapping  # prefix -> wrapper, may share
+        self._lru: list[int] = []  # active ids, least recently used first
         self._last_mapping: LoRAMapping | None = None
+        self._last_slot_layout: tuple[int | None, ...] | None = None
 
     def activate_adapter(self, lora_id: int) -> int:
-        """The slot of `lora_id`, taking a free one if it is not active yet."""
-        if lora_id in self.lora_index_to_id:
-            return self.lora_index_to_id.index(lora_id)
-        if None not in self.lora_index_to_id:
-            raise ValueError(f"no free LoRA slot for id {lora_id}: {self.lora_index_to_id}")
-        slot = self.lora_index_to_id.index(None)
-        self.lora_index_to_id[slot] = lora_id
+        """The slot of `lora_id`, taking the first free one if it is not active (evicting the
+        least recently used adapter when none is free); `lora_id` becomes the most recently
+        used. NOTE: an eviction leaves the mapping memo as it was (upstream's LRU removal)."""
+        if lora_id not in self.lora_index_to_id:
+            if None not in self.lora_index_to_id:
+                self._free_slot(self._lru[0])
+            self.lora_index_to_id[self.lora_index_to_id.index(None)] = lora_id
+        if lora_id in self._lru:
+            self._lru.remove(lora_id)
+        self._lru.append(lora_id)
+        return self.lora_index_to_id.index(lora_id)
+
+    def _free_slot(self, lora_id: int) -> int:
+        slot = self.lora_index_to_id.index(lora_id)
+        self.lora_index_to_id[slot] = None
+        self._lru.remove(lora_id)
         return slot
 
     def deactivate_adapter(self, lora_id: int) -> int:
-        """Free the slot of `lora_id` (evicted); returns it. The mapping memo is dropped: the
+        """Free the slot of `lora_id` (removed); returns it. The mapping memo is dropped: the
         same ids may now map to other slots."""
         if lora_id not in self.lora_index_to_id:
             raise ValueError(f"LoRA id {lora_id} is not active (slots: {self.lora_index_to_id})")
-        slot = self.lora_index_to_id.index(lora_id)
-        self.lora_index_to_id[slot] = None
         self._last_mapping = None
-        return slot
+        return self._free_slot(lora_id)
 
     def distinct_wrappers(self) -> list[PunicaWrapper]:
         """Each wrapper once, however many prefixes share it."""
@@ -258,12 +273,17 @@ class LoRAModelManager:
         return list(seen.values())
 
     def set_adapter_mapping(self, mapping: LoRAMapping) -> None:
-        """Refresh every wrapper's metadata in place, unless the mapping did not change."""
-        if mapping == self._last_mapping:
+        """Refresh every wrapper's metadata in place, unless nothing it derives from changed."""
+        slot_layout = tuple(self.lora_index_to_id)
+        unchanged = mapping == self._last_mapping
+        if Fix.LORA_SLOT_LAYOUT_MEMO in self.fixes:
+            # fix: lora_slot_layout_memo -- an eviction moves adapters under an unchanged mapping.
+            unchanged = unchanged and slot_layout == self._last_slot_layout
+        if unchanged:
             return
         for wrapper in self.distinct_wrappers():
             wrapper.update_metadata(mapping, self.lora_index_to_id, self.vocab_size)
-        self._last_mapping = mapping
+        self._last_mapping, self._last_slot_layout = mapping, slot_layout
 
 
 class LoRAManager:

@@ -6,7 +6,9 @@ and #43314 live; capture_model sets it once per LoRA capture case (upstream's Lo
 hook) and then captures every descriptor on that state, without re-running the dummy branch.
 post_kv_cache_wake_up is where the fix part of vLLM #40648 lives; the graph manager's capture
 holds the one of vLLM #42444. The cache-only layer (extract_hidden_states.py, vLLM #43869) and
-the speculator's draft prefill (speculator.py, vLLM #39773) hold theirs.
+the speculator's draft prefill (speculator.py, vLLM #39773) hold theirs; the LoRA model
+manager's mapping memo (lora.py) holds vLLM #47725's, which the per-step activation of the
+batch's adapters (`_activate_adapters`) and an adapter added between steps exercise.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from harness.runner.cudagraph import (
     BatchExecutionDescriptor,
     CudaGraphManager,
     CUDAGraphMode,
+    GraphPool,
     Launcher,
     host_sync,
 )
@@ -93,6 +96,10 @@ class RunnerConfig:
     draft_prefill: bool = False
     # decodes before prefills, by row swaps (backends that split them: MLA, FlashInfer)
     reorder_batch: bool = False
+    # the draft prefill in graphs of its own, replayed after the target's (upstream: the padded
+    # drafter's), and every graph's outputs in one shared pool (cudagraph.GraphPool)
+    draft_graphs: bool = False
+    prompt_logprobs: bool = False  # each step's log-softmax of every token's logits
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +111,7 @@ class ModelOutput:
     draft: torch.Tensor | None = None  # [num_reqs, heads, head_dim], the draft attention
     desc: BatchExecutionDescriptor | None = None  # the graph that ran; None: eager
     req_ids: tuple[str, ...] = ()  # a real step's requests, in the rows of `logits`
+    prompt_logprobs: torch.Tensor | None = None  # [num_tokens, vocab], read after the step
 
 
 class ModelRunner:
@@ -148,9 +156,14 @@ class ModelRunner:
         )
         self.cache_only, self.speculator = self._hidden_state_readers()
         self.lora_manager = LoRAManager(
-            LoRAModelManager(m.max_loras, m.vocab_size, self._punica_wrappers())
+            LoRAModelManager(m.max_loras, m.vocab_size, self._punica_wrappers(), self.fixes)
         )
-        self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes)
+        self.registered_loras: dict[int, tuple[int, bool]] = {}  # id -> (seed, experts)
+        pool = self._graph_pool()
+        self.cudagraph_manager = CudaGraphManager(self.device, self.launch, self.fixes, pool)
+        self.drafter_graphs = (
+            CudaGraphManager(self.device, self.launch, self.fixes, pool) if pool else None
+        )
         self.capture_attn: dict[BatchExecutionDescriptor, AttentionMetadata] = {}
         self.tuned: set[tuple[bool, int]] = set()  # (capture path?, size) tuned on a first call
 
@@ -174,6 +187,20 @@ class ModelRunner:
         if c.draft_prefill:
             speculator = DraftPrefill(c.max_num_reqs, self.model.head, self.device, c.fixes)
         return cache_only, speculator
+
+    def _graph_pool(self) -> GraphPool | None:
+        """With draft graphs: the pool the target's and the drafter's graph outputs share
+        (room for one graph's hidden states and logits), and the drafter's input buffer."""
+        c, m = self.config, self.config.model
+        if not c.draft_graphs:
+            return None
+        if not c.draft_prefill:
+            raise ValueError("draft_graphs needs a drafter: draft_prefill=True")
+        self.draft_hidden = torch.zeros(
+            c.max_num_tokens, m.hidden_size, dtype=self.model.dtype, device=self.device
+        )
+        numel = c.max_num_tokens * m.hidden_size + c.max_num_reqs * m.vocab_size
+        return GraphPool(numel, self.model.dtype, self.device)
 
     def _punica_wrappers(self) -> dict[str, PunicaWrapper]:
         # NOTE: the embedding and layer 0 share one wrapper object; layer 1 and the LM head
@@ -200,17 +227,32 @@ class ModelRunner:
         return [mapping[p] for p in TinyLoRADecoder.PREFIXES]
 
     def add_lora(self, lora_id: int, seed: int, experts: bool = True) -> int:
-        """Activate adapter `lora_id` with seeded weights (`experts=False`: none for the
-        experts: disabled there); returns its slot."""
+        """Register adapter `lora_id` with seeded weights (`experts=False`: none for the
+        experts: disabled there) and activate it now, between steps if the engine is serving
+        (upstream: add_lora's add_adapter activates at once, evicting the least recently used
+        adapter when every slot is taken); returns its slot."""
+        self.registered_loras[lora_id] = (seed, experts)
         slot = self.lora_manager._adapter_manager.activate_adapter(lora_id)
         self.model.load_lora(slot, seed, experts)
         return slot
 
     def remove_lora(self, lora_id: int) -> int:
-        """Evict adapter `lora_id`: its slot is freed and zeroed; returns the slot."""
+        """Remove adapter `lora_id`: unregistered, its slot freed and zeroed; returns the slot."""
+        self.registered_loras.pop(lora_id, None)
         slot = self.lora_manager._adapter_manager.deactivate_adapter(lora_id)
         self.model.reset_lora(slot)
         return slot
+
+    def _activate_adapters(self, requests: list[Request]) -> None:
+        """Each registered adapter of the step, in request order, made active (loaded into a
+        slot if it was evicted) and most recently used (upstream: set_active_adapters)."""
+        manager = self.lora_manager._adapter_manager
+        for lora_id in dict.fromkeys(q.lora_id for q in requests if q.lora_id):
+            if lora_id in self.registered_loras:
+                loaded = lora_id in manager.lora_index_to_id
+                slot = manager.activate_adapter(lora_id)
+                if not loaded:
+                    self.model.load_lora(slot, *self.registered_loras[lora_id])
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -249,11 +291,13 @@ class ModelRunner:
         if self.speculator is not None:
             self.speculator.prepare(batch)
         if self.config.enable_lora:
+            self._activate_adapters(requests)
             mapping = LoRAMapping(batch.token_lora_ids, batch.req_lora_ids, is_prefill=True)
             self.lora_manager._adapter_manager.set_adapter_mapping(mapping)
         out = self._eager(batch, attn) if desc is None else self._replay(desc, batch)
         logits = self.sampling.apply(out.logits) if restricted else out.logits
-        return replace(out, logits=logits, req_ids=tuple(q.req_id for q in requests))
+        out = replace(out, logits=logits, req_ids=tuple(q.req_id for q in requests))
+        return self._read_prompt_logprobs(out)
 
     def _reorder_batch(self, requests: list[Request]) -> list[Request]:
         """Decodes (one scheduled token) before prefills, by swapping rows of the persistent
@@ -265,6 +309,14 @@ class ModelRunner:
             self.kv_cache.swap_rows(i, j)
             self.sampling.swap_states(i, j)
         return requests
+
+    def _read_prompt_logprobs(self, out: ModelOutput) -> ModelOutput:
+        """After the step (upstream: bookkeeping's prompt logprobs): every token's logits from
+        its hidden state through the LM head, log-softmaxed (no LoRA)."""
+        if not self.config.prompt_logprobs:
+            return out
+        logits = out.hidden_states @ self.model.head.T  # in the model's dtype, as the logits
+        return replace(out, prompt_logprobs=torch.log_softmax(logits, -1))
 
     def _zero_new_blocks(self) -> None:
         """Zero the blocks this step's requests were given, before any kernel reads them
@@ -303,12 +355,26 @@ class ModelRunner:
             attn.sched, attn.uniform_decode = FlashMLASchedMeta(), batch.uniform_decode
             attn.num_actual_tokens = batch.num_tokens  # the padding rows stay as allocated
         hidden, logits = self.cudagraph_manager.run(desc)
+        if self.drafter_graphs is not None:
+            return self._replay_drafter(desc, batch, hidden, logits)
         if desc.cg_mode == PIECEWISE:  # a FULL graph holds the draft prefill
             self._draft_prefill(hidden, batch.num_reqs)
         draft = None
         if self.draft is not None and desc in self.draft.graphs.graphs:
             draft = self.draft.graphs.run(desc)
         return self._output(batch, hidden, logits, draft, desc)
+
+    def _replay_drafter(self, desc, batch, hidden, logits) -> ModelOutput:
+        """The sampler consumes the target's logits; then the padded drafter replays its graph
+        on a copy of the target's hidden states, its outputs where the pool held the
+        target's."""
+        logits = logits.clone()  # NOTE: upstream samples before the drafter runs
+        if Fix.GRAPH_OUTPUT_COPY_BEFORE_DRAFT in self.fixes:
+            # fix: graph_output_copy_before_draft -- the drafter's outputs take this memory.
+            hidden = hidden.clone()
+        self.draft_hidden[: desc.num_tokens].copy_(hidden)
+        self.drafter_graphs.run(desc)
+        return self._output(batch, hidden, logits, None, desc)
 
     @staticmethod
     def _output(batch, hidden, logits, draft, desc) -> ModelOutput:
@@ -390,6 +456,8 @@ class ModelRunner:
             self._capture_lora_state(case)
             mine = [d for d in descs if d.num_active_loras == case]
             self.cudagraph_manager.capture(mine, self._create_forward_fn)
+            if self.drafter_graphs is not None:  # upstream: after the target, same pool
+                self.drafter_graphs.capture(mine, self._create_draft_fn)
         if self.draft is None or self.model.decode_backend is None:
             return
         graphs = self.cudagraph_manager
@@ -418,11 +486,23 @@ class ModelRunner:
             if self.config.tables_in_graph:
                 self.kv_cache.metadata(batch, self.launch)
             hidden, logits = self._model_forward(batch, attn)
-            if desc.cg_mode == FULL:  # upstream: the speculator's FULL prefill graph
+            # upstream: the speculator's FULL prefill graph, unless it has graphs of its own
+            if desc.cg_mode == FULL and not self.config.draft_graphs:
                 self._draft_prefill(hidden, desc.num_reqs)
             return hidden, logits
 
         return forward, attn.sched
+
+    def _create_draft_fn(self, desc: BatchExecutionDescriptor, warmup: bool = True):
+        """The padded drafter's forward for `desc`: the draft prefill on its input buffer,
+        returning the draft logits and the gathered hidden states (no attention state)."""
+        hidden, reqs = self.draft_hidden[: desc.num_tokens], desc.num_reqs
+
+        def forward(mode: CUDAGraphMode):
+            self.speculator.forward(hidden, reqs, self.launch)
+            return self.speculator.draft_logits[:reqs], self.speculator.sample[:reqs]
+
+        return forward, None
 
     def _model_forward(
         self, batch: InputBatch, attn: AttentionMetadata
