@@ -25,6 +25,8 @@ import triton.language as tl
 from kernels import FLOAT_DTYPES, require_dtype
 
 BLOCK_P = 32
+BLOCK_Q = 16  # query tokens of one row per tile
+MIN_DOT = 16  # tl.dot's smallest extent
 FP8_KV_CACHE = torch.float8_e4m3fn  # upstream's current_platform.fp8_dtype() on CUDA
 FP8_MIN_ARCH = 89  # Triton's fp8e4nv (e4m3) exists from sm_89 on
 
@@ -177,7 +179,10 @@ def paged_attention(
     require_dtype((query.dtype,), out=out)
     k_scale, v_scale = kv_scale_args(query.dtype, k_cache, v_cache, k_scale, v_scale)
     kv_heads = kv_heads_of(heads, k_cache)
-    _paged_attention_kernel[(num_tokens, heads)](
+    dim_pad = max(MIN_DOT, triton.next_power_of_2(dim))
+    # NOTE: one program per (batch row, head), as upstream's unified attention's grid is (query
+    # blocks x KV heads): rows come from the block table, a row's tokens from token_rows
+    _paged_attention_kernel[(block_table.shape[0], heads)](
         query,
         k_cache,
         v_cache,
@@ -190,12 +195,16 @@ def paged_attention(
         scale,
         block_table.stride(0),
         k_cache.shape[1] if block_size is None else block_size,
+        num_tokens,
         HEADS=heads,
         KV_HEADS=kv_heads,
         DIM=dim,
-        DIM_PAD=triton.next_power_of_2(dim),
+        DIM_PAD=dim_pad,
         MAX_MODEL_LEN=max_model_len,
-        BLOCK_P=BLOCK_P,
+        # NOTE: a K and a V tile of BLOCK_P x DIM_PAD are tl.dot operands, staged in shared
+        # memory: MLA's 576 (1024 padded) takes 16 positions a tile to fit an A100's
+        BLOCK_P=max(MIN_DOT, min(BLOCK_P, 8192 // dim_pad)),
+        BLOCK_Q=BLOCK_Q,
     )
 
 
@@ -320,38 +329,60 @@ def _paged_attention_kernel(
     scale,
     table_stride,
     block_size,
+    num_tokens,
     HEADS: tl.constexpr,
     KV_HEADS: tl.constexpr,
     DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
 ):
-    """One (token, head): attention over the token's row, positions 0..pos, on the head's KV
-    head (h // (HEADS // KV_HEADS))."""
-    t, h = tl.program_id(0), tl.program_id(1)
-    row = tl.load(token_rows_ptr + t).to(tl.int64)
+    """One (batch row, head): every token of the row, BLOCK_Q tokens at a time, attends its
+    row's positions 0..pos on the head's KV head (h // (HEADS // KV_HEADS)), by online softmax
+    in float32. A tile loads the positions below its last token's; each token weighs only its
+    own (the others' weights are 0: they are this step's tokens, written before)."""
+    row, h = tl.program_id(0), tl.program_id(1)
+    kv_h = h // (HEADS // KV_HEADS)
+    table_row_ptr = block_table_ptr + row.to(tl.int64) * table_stride
     dims = tl.arange(0, DIM_PAD)
     in_head = dims < DIM
-    q = tl.load(q_ptr + (t * HEADS + h) * DIM + dims, mask=in_head, other=0.0).to(tl.float32)
-    _, denom, acc = attend_positions(
-        q,
-        k_cache_ptr,
-        v_cache_ptr,
-        k_scale_ptr,
-        v_scale_ptr,
-        block_table_ptr + row * table_stride,
-        0,
-        tl.load(positions_ptr + t) + 1,
-        h // (HEADS // KV_HEADS),
-        scale,
-        block_size,
-        KV_HEADS,
-        DIM,
-        DIM_PAD,
-        MAX_MODEL_LEN,
-        BLOCK_P,
-        False,
-    )
-    out = (acc / denom).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + (t * HEADS + h) * DIM + dims, out, mask=in_head)
+    for t0 in range(0, num_tokens, BLOCK_Q):
+        ts = t0 + tl.arange(0, BLOCK_Q)
+        mine = tl.load(token_rows_ptr + ts, mask=ts < num_tokens, other=-1) == row
+        if tl.max(mine.to(tl.int32), axis=0) > 0:
+            pos = tl.load(positions_ptr + ts, mask=mine, other=-1)
+            hi = tl.max(pos, axis=0) + 1
+            heads = (ts.to(tl.int64)[:, None] * HEADS + h) * DIM + dims[None, :]
+            in_tile = mine[:, None] & in_head[None, :]
+            q = tl.load(q_ptr + heads, mask=in_tile, other=0.0).to(tl.float32)
+            m = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+            denom = tl.zeros([BLOCK_Q], tl.float32)
+            acc = tl.zeros([BLOCK_Q, DIM_PAD], tl.float32)
+            # NOTE: the bound is constexpr (moe_lora_align.py); tiles past the last are skipped
+            for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
+                if p0 < hi:
+                    ps = p0 + tl.arange(0, BLOCK_P)
+                    loaded = ps < hi
+                    block = tl.load(table_row_ptr + ps // block_size, mask=loaded, other=0)
+                    entry = (block.to(tl.int64) * block_size + ps % block_size) * KV_HEADS + kv_h
+                    kv = entry[:, None] * DIM + dims[None, :]
+                    kv_mask = loaded[:, None] & in_head[None, :]
+                    k = _kv_to_float32(
+                        tl.load(k_cache_ptr + kv, mask=kv_mask, other=0.0), k_scale_ptr
+                    )
+                    scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                    scores = tl.where(ps[None, :] <= pos[:, None], scores, float("-inf"))
+                    m_new = tl.maximum(m, tl.max(scores, axis=1))
+                    safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
+                    correction = tl.exp(m - safe)
+                    weights = tl.exp(scores - safe[:, None])
+                    v = _kv_to_float32(
+                        tl.load(v_cache_ptr + kv, mask=kv_mask, other=0.0), v_scale_ptr
+                    )
+                    acc = acc * correction[:, None] + tl.dot(weights, v, input_precision="ieee")
+                    denom = denom * correction + tl.sum(weights, axis=1)
+                    m = m_new
+            denom = tl.where(mine, denom, 1.0)  # another row's token: not stored
+            out = (acc / denom[:, None]).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + heads, out, mask=in_tile)
