@@ -6,6 +6,7 @@ from __future__ import annotations
 from harness.fixes import UsageError
 from harness.record import BugRecord
 from repro.bugs import (
+    async_output_lifetime,
     async_pinned_race,
     block_table_graph_wake,
     block_table_wake,
@@ -59,6 +60,7 @@ BUGS: tuple[BugRecord, ...] = (
     graph_output_alias.RECORD,
     # async scheduling and copy streams (issue 25), in upstream fix order
     async_pinned_race.RECORD,
+    async_output_lifetime.RECORD,
 )
 
 

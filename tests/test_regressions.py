@@ -117,6 +117,7 @@ REQUIRED_AXES = {
     "graph_output_alias": {"graph_modes": {"PIECEWISE", "FULL"}, "steps_per_size": 2},
     # async scheduling and copy streams (issue 25): host/device order, eager steps
     "async_pinned_race": {"graph_modes": {"NONE"}},
+    "async_output_lifetime": {"graph_modes": {"NONE"}},
 }
 
 
