@@ -1,20 +1,23 @@
 """The stream model: a copy stream beside the main stream, and events, as async scheduling uses
-them (upstream: the model runner's copy stream for the sampled tokens' device-to-host copies,
-MRV2's for host-to-device uploads such as the grammar bitmask, vLLM #33059).
+them (upstream: the runner's copy stream for the sampled tokens' device-to-host copies, MRV2's
+for host-to-device uploads such as the grammar bitmask, vLLM #33059).
 
-`Streams(device, delay)` gives the copy stream's work (`h2d`, `d2h`), main-stream work that
-waits on one of its events (`on_main`), and events a host can `synchronize()` on or `query()`.
+`Streams(device, delay)` gives copies on the copy stream (`h2d`, `d2h`: each after the main
+stream's work so far), main-stream work after one of their events (`on_main`), and events the
+host can `synchronize()` on or `query()`.
 
-The delay makes a race's losing order certain, by construction of the order, on both devices:
-- GPU: a spin kernel (`torch.cuda._sleep`, DELAY_CYCLES, some 50 ms on an H100) is enqueued on
-  the copy stream before each copy, so whatever the host does next (rewrite the copy's pinned
-  source, hand the copy's device source to the next step) happens before the copy reads;
+The delay makes a race's losing order certain, on both devices:
+- GPU: a spin kernel (`torch.cuda._sleep(DELAY_CYCLES)`, some 50 ms on an H100) is enqueued on
+  the copy stream before each copy, so what the host does next (rewrite the copy's pinned
+  source, hand the copy's device source to the next step's kernels) comes first;
 - CPU: the copy stream's work is queued as closures and runs only when an event after it is
-  synchronized (by the host, or through a main-stream wait that the host then needs). Main-stream
-  work runs at once unless it waits on copy-stream work still queued: then it queues too, in
-  stream order, as the GPU's main stream would stall. Every closure is bound to aliases of its
-  tensors' storages (cudagraph.bound_work): a queued copy does not keep its source tensor alive.
+  synchronized, the main stream first running all it can before each of its items; main-stream
+  work runs at once unless it waits on queued copy-stream work (then it queues too, in stream
+  order, as a GPU's main stream stalls). Closures are bound to aliases of their tensors'
+  storages (cudagraph.bound_work): a queued copy does not keep its source tensor alive.
 Without the delay the CPU runs everything at once: the winning order.
+NOTE: the CPU does not model the host syncs a GPU makes on its own (a synchronous host-to-device
+copy_ synchronizes the main stream): scenarios put their racing host write before any of them.
 """
 
 from __future__ import annotations
@@ -120,7 +123,9 @@ class Streams:
         return self._record(self.copy)
 
     def h2d(self, dst: torch.Tensor, src: torch.Tensor) -> Event:
-        """Upload a host tensor (pinned on a GPU) to device memory, non-blocking."""
+        """Upload a host tensor (pinned on a GPU) into device memory, non-blocking: after the
+        main stream's work so far (the destination's earlier users)."""
+        self.wait(self.copy, self._record(self.main))
         return self._on_copy(dst, src)
 
     def d2h(self, dst: torch.Tensor, src: torch.Tensor) -> Event:
