@@ -15,9 +15,11 @@ from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
 from harness.runner.model_runner import ModelRunner, RunnerConfig
 
-# two steps of new requests of the same lengths (the second step's kernels are the first's)
-STEP_0 = {"A": (5, 9, 13), "B": (2, 7)}
-STEP_1 = {"C": (11, 3, 8), "D": (6, 1)}
+# two steps of new requests of the same lengths (the second step's kernels are the first's);
+# each prompt's best next token leads the next by over 20% of its largest logit (A: its second
+# best leads the third), so that bfloat16 ranks them as float64 does
+STEP_0 = {"A": (12, 13, 7), "B": (11, 7)}
+STEP_1 = {"C": (5, 15, 1), "D": (7, 6)}
 
 
 def async_config(ctx: Context) -> RunnerConfig:
