@@ -1,6 +1,7 @@
 """Async scheduling's sampling (harness/runner/async_output.py) on a delayed copy stream: the
 mechanisms of vLLM #24527/#25279 (a reused pinned tensor rewritten before its upload ran) and
-#29623 (sampled tokens' memory reused before their download ran), fixed and buggy."""
+#29623 (sampled tokens' memory reused before their download ran), fixed and buggy. The
+scenarios on the whole runner run in tests/test_regressions.py (fixed and buggy, in a child)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,9 @@ import pytest
 import torch
 
 from harness.fixes import ALL_FIXES, Fix
-from harness.outcome import WrongResult
-from harness.record import Context
 from harness.runner.async_output import AsyncSampler, OutputArena, PinnedSamplingStates
 from harness.runner.input_batch import Request
 from harness.runner.streams import Streams
-from repro.bugs.async_output_lifetime.scenarios import steps_in_flight_back_to_back
-from repro.bugs.async_pinned_race.scenarios import restricted_step_then_next_update
 
 VOCAB = 7
 PINNED_BUGGY = ALL_FIXES - {Fix.ASYNC_PINNED_REUSE_WAIT}
@@ -38,19 +35,6 @@ def test_an_upload_reads_its_own_steps_rows_or_the_next_steps(device, fixes) -> 
     finite = masked[0].isfinite().nonzero().flatten().tolist()
     assert finite == ([2, 5] if fixes == ALL_FIXES else list(range(VOCAB)))
     assert masked[1].tolist() == logits[1].tolist()
-
-
-@pinned
-@pytest.mark.parametrize("fixes", [ALL_FIXES, PINNED_BUGGY], ids=["fixed", "buggy"])
-def test_a_restricted_step_samples_under_its_own_mask(device, fixes) -> None:
-    """The scenario on the runner: A keeps its restriction (fixed) or samples a token it is
-    not allowed (buggy)."""
-    ctx = Context(fixes, device)
-    if fixes == ALL_FIXES:
-        assert "of its allowed" in restricted_step_then_next_update(ctx)
-        return
-    with pytest.raises(WrongResult, match=r"step 0 tokens of A \(allowed"):
-        restricted_step_then_next_update(ctx)
 
 
 @lifetime
@@ -77,15 +61,3 @@ def test_a_download_reads_its_own_steps_tokens_or_the_next_steps(device, fixes) 
     second = sampler.sample(logits[[6, 3]], ("c", "d"))
     assert first.get_output() == ([1, 4] if fixes == ALL_FIXES else [6, 3])
     assert second.get_output() == [6, 3]
-
-
-@lifetime
-@pytest.mark.parametrize("fixes", [ALL_FIXES, LIFETIME_BUGGY], ids=["fixed", "buggy"])
-def test_steps_in_flight_read_their_own_tokens(device, fixes) -> None:
-    """The scenario on the runner: three steps, two in flight."""
-    ctx = Context(fixes, device)
-    if fixes == ALL_FIXES:
-        assert "as the reference" in steps_in_flight_back_to_back(ctx)
-        return
-    with pytest.raises(WrongResult, match=r"step 0 tokens of A, B"):
-        steps_in_flight_back_to_back(ctx)

@@ -12,6 +12,8 @@ import torch
 
 from harness.runner.streams import Streams
 
+# the stream model is the ground both races stand on: part of each one's guard
+pytestmark = [pytest.mark.async_pinned_race, pytest.mark.async_output_lifetime]
 OLD, NEW = 1, 2
 
 
