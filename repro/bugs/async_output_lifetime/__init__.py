@@ -59,13 +59,14 @@ RECORD = BugRecord(
         ),
     ),
     history=(
-        "Verified upstream (search and read_file, 2026-11): #29623 (merged 2025-11-27, "
+        "Verified upstream (search and read_file, 2026-11): #29623 (merged; opened 2025-11-27, "
         "'[Model Runner V2][BugFix] Keep reference to GPU tensors in AsyncOutput', crediting "
         "a heads-up on the race); today's async_utils.AsyncOutput keeps the sampler output "
         "with a note that the copies run on another stream than the tensors' own, and records "
         "a blocking copy event that get_output synchronizes. Relatives: #23569's review "
-        "(V1's async output copy: record_stream on the copy stream proposed, a held reference "
-        "preferred), #31584 (the pooling output's copy moved to a dedicated stream), #33059 "
+        "(V1's async output copy: record_stream on the copy stream proposed, weighed against "
+        "holding the reference for its cost), #31584 (the pooling output's copy moved to a "
+        "dedicated stream), #33059 "
         "(MRV2's grammar-bitmask upload on another stream: a tensor allocated on the copy "
         "stream and used on the main one needed a wait), #29288 (open). Not verified: the "
         "diff of #29623 line by line, and any user report of wrong tokens it fixed (the PR "
@@ -75,7 +76,7 @@ RECORD = BugRecord(
         "next take, on both devices: PyTorch's caching allocator would reuse the block too "
         "(same size, same stream, freed just before), but with several free blocks of a size "
         "its choice is by size and address, not by recency, so the arena makes the reuse "
-        "certain; the losing order by the stream model (a ~50 ms spin kernel before each copy "
+        "certain; the losing order by the stream model (a ~100 ms spin kernel before each copy "
         "on the GPU, the copy deferred to the host's synchronize on the CPU). Detectors "
         "(predicted, the lead measures): compute-sanitizer cannot see it (in-bounds, "
         "initialized memory; racecheck is shared memory only); PyTorch's stream sanitizer "

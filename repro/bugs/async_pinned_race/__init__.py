@@ -63,7 +63,7 @@ RECORD = BugRecord(
         ),
     ),
     history=(
-        "Verified upstream (search, 2026-11): #24527 (merged 2025-09-09, a follow-on of "
+        "Verified upstream (search, 2026-11): #24527 (merged; opened 2025-09-09, a follow-on of "
         "#23569, async scheduling's full overlap) added the missing synchronization for the "
         "reused CPU tensors, its review proposing multiple host buffers should the event ever "
         "block; #25279 (merged, 'take 2') widened it because the sampling tensors are modified "
@@ -79,7 +79,7 @@ RECORD = BugRecord(
         "uploaded on the copy stream (as MRV2's grammar bitmask is, #33059; upstream V1 copies "
         "on the main stream: the same order once the device is behind the host). The losing "
         "order is made certain by the stream model (harness/runner/streams.py): on a GPU a "
-        "spin kernel (torch.cuda._sleep, ~50 ms) before each copy on the copy stream, on the "
+        "spin kernel (torch.cuda._sleep, ~100 ms) before each copy on the copy stream, on the "
         "CPU the copy deferred until an event after it is synchronized. Detectors (predicted, "
         "the lead measures): compute-sanitizer cannot see it (racecheck sees shared memory "
         "only; the memory is initialized and in bounds); PyTorch's stream sanitizer tracks "
