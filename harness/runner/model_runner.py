@@ -8,7 +8,9 @@ post_kv_cache_wake_up is where the fix part of vLLM #40648 lives; the graph mana
 holds the one of vLLM #42444. The cache-only layer (extract_hidden_states.py, vLLM #43869) and
 the speculator's draft prefill (speculator.py, vLLM #39773) hold theirs; the LoRA model
 manager's mapping memo (lora.py) holds vLLM #47725's, which the per-step activation of the
-batch's adapters (`_activate_adapters`) and an adapter added between steps exercise.
+batch's adapters (`_activate_adapters`) and an adapter added between steps exercise. Async
+scheduling's sampling (async_output.py, on streams.py's copy stream; `execute_model_async`)
+holds those of vLLM #25279 and #29623.
 """
 
 from __future__ import annotations
