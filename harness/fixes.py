@@ -71,6 +71,12 @@ class Fix(enum.Enum):
     # vLLM #53520 (graph_output_alias; open upstream, for issue #53488): the target's graph
     # outputs leave the shared graph pool before the padded drafter's graph replays into it
     GRAPH_OUTPUT_COPY_BEFORE_DRAFT = "graph_output_copy_before_draft"
+    # vLLM #24527, #25279 (async_pinned_race): under async scheduling the host waits for the last
+    # step's upload of a reused pinned host tensor before rewriting it (prepare_inputs_event)
+    ASYNC_PINNED_REUSE_WAIT = "async_pinned_reuse_wait"
+    # vLLM #29623 (async_output_lifetime): the async output keeps the sampled token ids' device
+    # tensor until their copy-stream download completes
+    ASYNC_OUTPUT_KEEP_REF = "async_output_keep_ref"
 
 
 Variant = frozenset[Fix]

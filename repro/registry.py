@@ -6,6 +6,8 @@ from __future__ import annotations
 from harness.fixes import UsageError
 from harness.record import BugRecord
 from repro.bugs import (
+    async_output_lifetime,
+    async_pinned_race,
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
@@ -56,6 +58,9 @@ BUGS: tuple[BugRecord, ...] = (
     lora_slot_memo.RECORD,
     input_batch_swap_alias.RECORD,
     graph_output_alias.RECORD,
+    # async scheduling and copy streams (issue 25), in upstream fix order
+    async_pinned_race.RECORD,
+    async_output_lifetime.RECORD,
 )
 
 

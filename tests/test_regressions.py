@@ -115,6 +115,9 @@ REQUIRED_AXES = {
     "lora_slot_memo": {"graph_modes": {"NONE", "FULL"}, "adapters": {"enabled", "evicted"}},
     # a drafter's replay over the target's outputs: in both graph modes, prefill and decode
     "graph_output_alias": {"graph_modes": {"PIECEWISE", "FULL"}, "steps_per_size": 2},
+    # async scheduling and copy streams (issue 25): host/device order, eager steps
+    "async_pinned_race": {"graph_modes": {"NONE"}},
+    "async_output_lifetime": {"graph_modes": {"NONE"}},
 }
 
 

@@ -8,7 +8,9 @@ post_kv_cache_wake_up is where the fix part of vLLM #40648 lives; the graph mana
 holds the one of vLLM #42444. The cache-only layer (extract_hidden_states.py, vLLM #43869) and
 the speculator's draft prefill (speculator.py, vLLM #39773) hold theirs; the LoRA model
 manager's mapping memo (lora.py) holds vLLM #47725's, which the per-step activation of the
-batch's adapters (`_activate_adapters`) and an adapter added between steps exercise.
+batch's adapters (`_activate_adapters`) and an adapter added between steps exercise. Async
+scheduling's sampling (async_output.py, on streams.py's copy stream; `execute_model_async`)
+holds those of vLLM #25279 and #29623.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from harness.fixes import ALL_FIXES, Fix, Variant
+from harness.runner.async_output import AsyncOutput, async_sampling
 from harness.runner.cudagraph import (
     BatchExecutionDescriptor,
     CudaGraphManager,
@@ -100,6 +103,10 @@ class RunnerConfig:
     # drafter's), and every graph's outputs in one shared pool (cudagraph.GraphPool)
     draft_graphs: bool = False
     prompt_logprobs: bool = False  # each step's log-softmax of every token's logits
+    # async scheduling's sampling (async_output.py: execute_model_async), on a copy stream that
+    # runs late with `stream_delay` (streams.py: the order a race loses)
+    async_output: bool = False
+    stream_delay: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +130,9 @@ class ModelRunner:
         self.launch = Launcher()
         self.input_buffers = InputBuffers(c.max_num_tokens, c.max_num_reqs, self.device)
         self.sampling = SamplingStates(c.max_num_reqs, m.vocab_size, self.fixes)
+        self.async_sampler = None
+        if c.async_output:
+            self.sampling, self.async_sampler = async_sampling(c, m.vocab_size)
         self.model = TinyLoRADecoder(
             m, self.device, lambda t: self.pools.adopt("weights", t), c.dtype
         )
@@ -298,6 +308,11 @@ class ModelRunner:
         logits = self.sampling.apply(out.logits) if restricted else out.logits
         out = replace(out, logits=logits, req_ids=tuple(q.req_id for q in requests))
         return self._read_prompt_logprobs(out)
+
+    def execute_model_async(self, requests: list[Request]) -> AsyncOutput:
+        """Async scheduling's step: returns before the device has sampled it."""
+        out = self.execute_model(requests)
+        return self.async_sampler.sample(out.logits, out.req_ids)
 
     def _reorder_batch(self, requests: list[Request]) -> list[Request]:
         """Decodes (one scheduled token) before prefills, by swapping rows of the persistent

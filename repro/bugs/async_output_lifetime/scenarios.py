@@ -1,0 +1,65 @@
+"""Scenarios of async_output_lifetime (vLLM #29623): each function's docstring is its bug
+report.
+
+The record (fix parts, expected outcomes) is in the package; see its docstring.
+"""
+
+from __future__ import annotations
+
+from harness.oracle import expect_all
+from harness.record import Context
+from harness.runner.input_batch import Request
+from harness.runner.model_runner import ModelRunner
+from repro.bugs.async_pinned_race.scenarios import (
+    STEP_0,
+    STEP_1,
+    async_config,
+    ranked,
+    token_problems,
+)
+
+# three steps of new requests of the same lengths (each step's kernels are the first's); each
+# prompt's best next token leads the next by over 20% of its largest logit
+STEPS = (STEP_0, STEP_1, {"E": (6, 4, 11), "F": (4, 11)})
+
+
+def _step(runner: ModelRunner, prompts: dict[str, tuple[int, ...]]):
+    for row in range(len(prompts)):  # the last step's requests finished (one token each)
+        runner.kv_cache.free(row)
+    return runner.execute_model_async([Request(r, p) for r, p in prompts.items()])
+
+
+def steps_in_flight_back_to_back(ctx: Context) -> str:
+    """Async scheduling (upstream: `--async-scheduling`, Model Runner V2's AsyncOutput): each
+    step samples its requests' tokens on the main stream into device memory and downloads them
+    on the copy stream; the step returns at once and the engine issues the next step before it
+    reads the last one's tokens (two steps in flight). Steps 0, 1 and 2 prefill two new
+    requests each (same lengths); the host issues step 1, reads step 0's tokens, issues step 2,
+    reads steps 1 and 2. The copy stream runs late (a spin kernel before each copy on a GPU;
+    deferred copies on the CPU). The sampled tokens' device memory comes from an arena that
+    hands a freed slot to the next step, as the caching allocator hands a freed block to the
+    next allocation of its size on the main stream.
+
+    Fixed: each output keeps its device tensor until its download completed (upstream: the
+    AsyncOutput's references): every step's tokens are its requests' best by the float64
+    reference. Buggy: the step's last reference dies when it returns; the next step's sampling
+    takes the same memory and writes its tokens before the download reads it: step 0 reads step
+    1's tokens, step 1 step 2's (wrong result, silent, on both devices); step 2, read after
+    nothing else was issued, is right.
+    """
+    runner = ModelRunner(async_config(ctx))
+    ranks = {}
+    for prompts in STEPS:
+        ranks |= ranked(runner, prompts)
+    expected = [[ranks[rid][0] for rid in prompts] for prompts in STEPS]
+    out = [_step(runner, STEPS[0]), _step(runner, STEPS[1])]
+    tokens = [out[0].get_output()]
+    out.append(_step(runner, STEPS[2]))
+    tokens += [out[1].get_output(), out[2].get_output()]
+    expect_all(
+        [
+            token_problems(f"step {i} tokens of {', '.join(STEPS[i])}", tokens[i], expected[i])
+            for i in range(3)
+        ]
+    )
+    return f"three steps, two in flight: tokens {tokens} as the reference"
