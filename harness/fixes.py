@@ -71,6 +71,10 @@ class Fix(enum.Enum):
     # vLLM #53520 (graph_output_alias; open upstream, for issue #53488): the target's graph
     # outputs leave the shared graph pool before the padded drafter's graph replays into it
     GRAPH_OUTPUT_COPY_BEFORE_DRAFT = "graph_output_copy_before_draft"
+    # vLLM #40768 (async_placeholder_leak; closed upstream, for issue #37159; #26385 sends a
+    # resumed request's tokens): placeholders of a request with no row in the last step are
+    # filled from the host's tokens, not left as -1 for the embedding
+    ASYNC_PLACEHOLDER_HOST_FILL = "async_placeholder_host_fill"
 
 
 Variant = frozenset[Fix]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from harness.fixes import UsageError
 from harness.record import BugRecord
 from repro.bugs import (
+    async_placeholder_leak,
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
@@ -56,6 +57,8 @@ BUGS: tuple[BugRecord, ...] = (
     lora_slot_memo.RECORD,
     input_batch_swap_alias.RECORD,
     graph_output_alias.RECORD,
+    # async scheduling and copy streams (issue 25), in upstream fix order
+    async_placeholder_leak.RECORD,
 )
 
 

@@ -115,6 +115,8 @@ REQUIRED_AXES = {
     "lora_slot_memo": {"graph_modes": {"NONE", "FULL"}, "adapters": {"enabled", "evicted"}},
     # a drafter's replay over the target's outputs: in both graph modes, prefill and decode
     "graph_output_alias": {"graph_modes": {"PIECEWISE", "FULL"}, "steps_per_size": 2},
+    # async scheduling (issue 25): the scheduler one step ahead drives eager steps
+    "async_placeholder_leak": {"graph_modes": {"NONE"}},
 }
 
 

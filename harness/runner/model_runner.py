@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from harness.fixes import ALL_FIXES, Fix, Variant
+from harness.runner.async_inputs import PrevSampled
 from harness.runner.cudagraph import (
     BatchExecutionDescriptor,
     CudaGraphManager,
@@ -264,8 +265,10 @@ class ModelRunner:
         num_tokens: int = 0,
         num_reqs: int = 1,
         use_cudagraph: bool = True,
+        prev_sampled: PrevSampled | None = None,
     ) -> ModelOutput:
-        """A real step (graph replay when one fits), or a dummy run (eager, no KV writes)."""
+        """A real step (graph replay when one fits), or a dummy run (eager, no KV writes);
+        `prev_sampled` fills a scheduler's placeholders on the device (async_inputs.py)."""
         if dummy_run:
             batch = self.input_buffers.dummy(num_tokens, num_reqs)
             self._set_dummy_lora_state(num_tokens, num_reqs)
@@ -281,6 +284,8 @@ class ModelRunner:
         batch = self.input_buffers.prepare(
             requests, desc.num_tokens if desc else n, desc.num_reqs if desc else r
         )
+        if prev_sampled is not None:
+            prev_sampled.fill(batch.input_ids)
         for row, q in enumerate(requests):
             self.kv_cache.ensure_blocks(row, q.num_computed_tokens + len(q.token_ids), q.token_ids)
         self._zero_new_blocks()
