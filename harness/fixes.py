@@ -75,6 +75,9 @@ class Fix(enum.Enum):
     # resumed request's tokens): placeholders of a request with no row in the last step are
     # filled from the host's tokens, not left as -1 for the embedding
     ASYNC_PLACEHOLDER_HOST_FILL = "async_placeholder_host_fill"
+    # vLLM #47728 (async_window_free; issue #47282): blocks out of a sliding window are freed on
+    # the processed token count (computed minus in flight), not the optimistic one
+    ASYNC_WINDOW_FREE_PROCESSED = "async_window_free_processed"
 
 
 Variant = frozenset[Fix]

@@ -170,6 +170,7 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
     v_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
     block_size: int | None = None,  # tokens per block-table entry (default: k_cache's pages)
+    window: int = 0,  # a sliding window: position p attends [max(0, p + 1 - window), p]; 0: none
 ) -> None:
     num_tokens, heads, dim = query.shape
     assert query.is_contiguous() and out.is_contiguous() and block_table.is_contiguous()
@@ -190,6 +191,7 @@ def paged_attention(
         scale,
         block_table.stride(0),
         k_cache.shape[1] if block_size is None else block_size,
+        window,
         HEADS=heads,
         KV_HEADS=kv_heads,
         DIM=dim,
@@ -320,6 +322,7 @@ def _paged_attention_kernel(
     scale,
     table_stride,
     block_size,
+    window,
     HEADS: tl.constexpr,
     KV_HEADS: tl.constexpr,
     DIM: tl.constexpr,
@@ -327,8 +330,8 @@ def _paged_attention_kernel(
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    """One (token, head): attention over the token's row, positions 0..pos, on the head's KV
-    head (h // (HEADS // KV_HEADS))."""
+    """One (token, head): attention over the token's row, positions 0..pos (the last `window`
+    of them when window > 0), on the head's KV head (h // (HEADS // KV_HEADS))."""
     t, h = tl.program_id(0), tl.program_id(1)
     row = tl.load(token_rows_ptr + t).to(tl.int64)
     dims = tl.arange(0, DIM_PAD)
@@ -341,7 +344,7 @@ def _paged_attention_kernel(
         k_scale_ptr,
         v_scale_ptr,
         block_table_ptr + row * table_stride,
-        0,
+        tl.where(window > 0, tl.maximum(tl.load(positions_ptr + t) + 1 - window, 0), 0),
         tl.load(positions_ptr + t) + 1,
         h // (HEADS // KV_HEADS),
         scale,

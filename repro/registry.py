@@ -7,6 +7,7 @@ from harness.fixes import UsageError
 from harness.record import BugRecord
 from repro.bugs import (
     async_placeholder_leak,
+    async_window_free,
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
@@ -59,6 +60,7 @@ BUGS: tuple[BugRecord, ...] = (
     graph_output_alias.RECORD,
     # async scheduling and copy streams (issue 25), in upstream fix order
     async_placeholder_leak.RECORD,
+    async_window_free.RECORD,
 )
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.fixes import Fix, Variant
-from harness.runner.input_batch import Request
+from harness.runner.input_batch import InputBatch, Request
 
 PLACEHOLDER = -1  # a token id the device fills in later (never a vocabulary id)
 
@@ -36,16 +36,37 @@ class ScheduledRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class LastStep:
+    """What step N left on the device for the next one."""
+
+    next_inputs: torch.Tensor  # [num_reqs, 1 + num_spec_tokens] int64: sampled token, drafts
+    rejected: torch.Tensor  # [num_reqs] int64, the drafts step N's verification rejected
+
+
+@dataclass(frozen=True, slots=True)
 class PrevSampled:
-    """Where a step's placeholders come from: step N's sampled tokens, on the device."""
+    """Step N+1's device fill from step N (upstream: _prepare_input_ids, and the positions and
+    sequence lengths corrected by the rejected drafts): placeholders take step N's next input
+    tokens; a request of step N starts its positions earlier by its rejected drafts."""
 
-    sampled: torch.Tensor  # [num_reqs of step N] int64
-    dst: torch.Tensor  # [n] int64, positions in this step's input ids
-    src: torch.Tensor  # [n] int64, batch rows of step N
+    last: LastStep
+    dst: torch.Tensor  # [n] int64, placeholder positions in this step's input ids
+    src: torch.Tensor  # [n] int64, flat indices into last.next_inputs
+    tokens: torch.Tensor  # [m] int64, the tokens of requests that were in step N
+    token_src: torch.Tensor  # [m] int64, their requests' rows in step N
+    rows: torch.Tensor  # [r] int64, the batch rows of requests that were in step N
+    row_src: torch.Tensor  # [r] int64, their rows in step N
 
-    def fill(self, input_ids: torch.Tensor) -> None:
-        """Write the placeholders' tokens into the step's input ids (device work)."""
-        input_ids.index_copy_(0, self.dst, self.sampled.index_select(0, self.src))
+    def fill(self, batch: InputBatch) -> None:
+        """Write the placeholders' tokens and shift the positions (device work)."""
+        last = self.last
+        batch.input_ids.index_copy_(
+            0, self.dst, last.next_inputs.view(-1).index_select(0, self.src)
+        )
+        shift = last.rejected.index_select(0, self.token_src).to(batch.positions.dtype)
+        batch.positions.index_add_(0, self.tokens, -shift)
+        lens = last.rejected.index_select(0, self.row_src).to(batch.seq_lens.dtype)
+        batch.seq_lens.index_add_(0, self.rows, -lens)
 
 
 class TokenRows:
@@ -58,12 +79,12 @@ class TokenRows:
         self.prev_rows: dict[str, int] = {}  # req_id -> batch row in the last step
 
     def prepare(
-        self, step: list[ScheduledRequest], sampled: torch.Tensor | None
+        self, step: list[ScheduledRequest], last: LastStep | None
     ) -> tuple[list[Request], PrevSampled | None]:
-        """The step's requests (input ids from the rows) and the device fill of their
-        placeholders from the last step's `sampled` tokens; stamps each request's next token."""
-        requests, dst, src, offset = [], [], [], 0
-        for s in step:
+        """The step's requests (input ids from the rows) and the device fill from what the last
+        step left (`last`); stamps each request's next token."""
+        requests, fill, offset = [], ([], [], [], [], [], []), 0
+        for r, s in enumerate(step):
             row = self.rows.setdefault(s.req_id, [])
             end = s.start + len(s.token_ids)
             if len(row) < end:  # positions the worker never saw: the scheduler's tokens
@@ -73,18 +94,30 @@ class TokenRows:
                 # fix: async_placeholder_host_fill -- no row in the last step fills them: the host's
                 row[s.start : end] = s.token_ids
             ids = row[s.start : end]
-            if prev >= 0 and ids[-1] == PLACEHOLDER:  # the token the last step sampled
-                dst.append(offset + len(ids) - 1)
-                src.append(prev)
+            if prev >= 0 and last is not None:  # the sampled token first, then the drafts
+                _add_fill(fill, ids, offset, r, prev, last.next_inputs.shape[1])
             requests.append(Request(s.req_id, tuple(ids), 0, s.start))
             offset += len(ids)
             row[end:] = [PLACEHOLDER]  # this step's sampled token stays on the device
         self.prev_rows = {s.req_id: r for r, s in enumerate(step)}
-        if not dst or sampled is None:
+        if not fill[0] or last is None:
             return requests, None
         index = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)
-        return requests, PrevSampled(sampled, index(dst), index(src))
+        return requests, PrevSampled(last, *(index(xs) for xs in fill))
 
     def forget(self, req_id: str) -> None:
         """A finished request's row goes."""
         self.rows.pop(req_id, None)
+
+
+def _add_fill(fill, ids: list[int], offset: int, row: int, prev: int, width: int) -> None:
+    """Append a request's share of the fill: its placeholders from step N's row `prev` (in
+    column order), its tokens and its row for the rejected drafts' shift."""
+    dst, src, tokens, token_src, rows, row_src = fill
+    holes = [offset + i for i, t in enumerate(ids) if t == PLACEHOLDER]
+    dst += holes
+    src += [prev * width + j for j in range(len(holes))]
+    tokens += range(offset, offset + len(ids))
+    token_src += [prev] * len(ids)
+    rows.append(row)
+    row_src.append(prev)

@@ -1,5 +1,5 @@
-"""A scheduler one step ahead (upstream: AsyncScheduler), and the engine loop that drives the
-runner with it.
+"""A scheduler one step ahead (upstream: AsyncScheduler); async_engine.py drives the runner
+with it.
 
 The engine schedules and launches step N+1 before it processes step N's output: the scheduler
 counts a request's tokens optimistically (`num_computed_tokens` includes the tokens in flight,
@@ -8,19 +8,24 @@ PLACEHOLDER that the worker fills on the device (async_inputs.py). A request tha
 when none is free preempts the last running one (its blocks freed, its count reset to 0); a
 preempted request resumes, once its outputs reached the host, by prefilling every host token
 again. A running request's batch row is its KV-cache row: rows close up when one leaves.
+
+Speculative decoding: a decode step schedules the sampled token and `num_spec_tokens` drafts
+(both on the device: async_engine.py); the host learns what the verification accepted with the
+step's output, and the count rolls back by the rejected drafts (the next step, already
+launched, starts that much earlier on the device: async_inputs.py). With a sliding window, each
+decode first frees the blocks that left the window: where the fix part of async_window_free
+lives.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 import triton
 
-from harness.runner.async_inputs import PLACEHOLDER, ScheduledRequest, TokenRows
-from harness.runner.input_batch import Request
+from harness.fixes import Fix, Variant
+from harness.runner.async_inputs import PLACEHOLDER, ScheduledRequest
 from harness.runner.kv_cache import KVCache
-from harness.runner.model_runner import ModelRunner
 
 
 @dataclass(eq=False)
@@ -28,16 +33,11 @@ class EngineRequest:
     req_id: str
     prompt: tuple[int, ...]
     max_tokens: int
-    output: list[int] = field(default_factory=list)  # sampled tokens the host has processed
+    output: list[int] = field(default_factory=list)  # tokens the host has processed
     num_computed_tokens: int = 0  # scheduled so far (optimistic: in-flight tokens included)
     num_in_flight_tokens: int = 0  # scheduled, not processed yet
-    num_in_flight_outputs: int = 0  # sampled by steps in flight
+    num_in_flight_steps: int = 0  # steps in flight that hold it (each emits a token or more)
     num_preemptions: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        """Prompt and outputs, those in flight included."""
-        return len(self.prompt) + len(self.output) + self.num_in_flight_outputs
 
     def host_token(self, position: int) -> int:
         """The host's token at `position`, PLACEHOLDER while it is in flight."""
@@ -54,8 +54,8 @@ class StepPlan:
 
 
 class AsyncScheduler:
-    def __init__(self, kv_cache: KVCache) -> None:
-        self.kv = kv_cache
+    def __init__(self, kv_cache: KVCache, fixes: Variant, num_spec_tokens: int = 0) -> None:
+        self.kv, self.fixes, self.num_spec_tokens = kv_cache, fixes, num_spec_tokens
         self.waiting: list[EngineRequest] = []
         self.running: list[EngineRequest] = []  # index = batch row = KV-cache row
         self.finished: list[EngineRequest] = []
@@ -71,10 +71,10 @@ class AsyncScheduler:
         for req in list(self.running):
             if (
                 req not in self.running
-                or len(req.output) + req.num_in_flight_outputs >= req.max_tokens
+                or len(req.output) + req.num_in_flight_steps >= req.max_tokens
             ):
                 continue
-            while not self._fits(self.running.index(req), req.num_tokens):
+            while not self._fits(self.running.index(req), self._end(req)):
                 preempted = True
                 self._preempt(self.running[-1])
                 if req not in self.running:
@@ -83,21 +83,36 @@ class AsyncScheduler:
                 self._add(plan, req)
         while self.waiting and not preempted:
             req = self.waiting[0]
-            if req.num_in_flight_outputs or not self._fits(len(self.running), req.num_tokens):
+            if req.num_in_flight_steps or not self._fits(len(self.running), self._end(req)):
                 break
             self.running.append(self.waiting.pop(0))
             self._add(plan, req)
         return plan
 
+    def _end(self, req: EngineRequest) -> int:
+        """Where the request's next step ends: a prefill of every host token, or a decode of
+        its sampled token and, when its last step is in flight (its drafts on the device),
+        the drafts."""
+        if req.num_computed_tokens == 0:
+            return len(req.prompt) + len(req.output)
+        drafts = self.num_spec_tokens if req.num_in_flight_steps else 0
+        return req.num_computed_tokens + 1 + drafts
+
     def _add(self, plan: StepPlan, req: EngineRequest) -> None:
-        start, end = req.num_computed_tokens, req.num_tokens
-        self.kv.ensure_blocks(self.running.index(req), end)  # upstream: allocate_slots
+        start, end, row = req.num_computed_tokens, self._end(req), self.running.index(req)
+        if start and self.kv.sliding_window:
+            computed = req.num_computed_tokens
+            if Fix.ASYNC_WINDOW_FREE_PROCESSED in self.fixes:
+                # fix: async_window_free_processed -- drafts in flight may be rejected yet
+                computed -= req.num_in_flight_tokens
+            self.kv.remove_skipped_blocks(row, computed)
+        self.kv.ensure_blocks(row, end)  # upstream: allocate_slots
         ids = tuple(req.host_token(p) for p in range(start, end))
         plan.requests.append(req)
         plan.scheduled.append(ScheduledRequest(req.req_id, start, ids))
         req.num_computed_tokens = end
         req.num_in_flight_tokens += end - start
-        req.num_in_flight_outputs += 1
+        req.num_in_flight_steps += 1
 
     def _fits(self, row: int, num_tokens: int) -> bool:
         """Whether every group has the free blocks that `num_tokens` tokens in `row` need."""
@@ -121,14 +136,23 @@ class AsyncScheduler:
             self.kv.swap_rows(later - 1, later)
         self.running.remove(req)
 
-    def update_from_output(self, plan: StepPlan, sampled: list[int]) -> list[str]:
-        """Step `plan`'s sampled tokens reach the host (a preempted request keeps its own);
-        returns the requests that finished."""
+    def update_from_output(
+        self, plan: StepPlan, emitted: list[list[int]], rejected: list[int]
+    ) -> list[str]:
+        """Step `plan`'s tokens reach the host (a preempted request keeps its own); each
+        request's count rolls back by its rejected drafts; returns the requests that
+        finished."""
         done = []
-        for req, s, token in zip(plan.requests, plan.scheduled, sampled, strict=True):
+        for req, s, tokens, back in zip(
+            plan.requests, plan.scheduled, emitted, rejected, strict=True
+        ):
+            if req in self.finished:  # a step scheduled before the host saw it finish
+                continue
             req.num_in_flight_tokens -= len(s.token_ids)
-            req.num_in_flight_outputs -= 1
-            req.output.append(token)
+            req.num_in_flight_steps -= 1
+            req.output = (req.output + tokens)[: req.max_tokens]
+            if req.num_computed_tokens:  # upstream: num_computed_tokens -= num_rejected
+                req.num_computed_tokens -= back
             if len(req.output) == req.max_tokens:
                 if req in self.running:
                     self._leave(req)
@@ -137,39 +161,3 @@ class AsyncScheduler:
                 self.finished.append(req)
                 done.append(req.req_id)
         return done
-
-
-class AsyncEngine:
-    """The engine loop one step ahead: schedule and launch step N+1, then process step N."""
-
-    def __init__(self, runner: ModelRunner, scheduler: AsyncScheduler) -> None:
-        self.runner, self.scheduler = runner, scheduler
-        self.rows = TokenRows(runner.fixes, runner.device)
-        self.in_flight: tuple[StepPlan, torch.Tensor] | None = None
-        self.steps: list[tuple[list[Request], torch.Tensor]] = []  # each step's inputs, logits
-
-    def step(self) -> None:
-        plan = self.scheduler.schedule()
-        sampled = self.in_flight[1] if self.in_flight else None
-        requests, fill = self.rows.prepare(plan.scheduled, sampled)
-        launched = None
-        if requests:
-            out = self.runner.execute_model(requests, use_cudagraph=False, prev_sampled=fill)
-            self.steps.append((requests, out.logits.clone()))
-            launched = (plan, out.logits.argmax(-1))  # the sampled tokens stay on the device
-        if self.in_flight is not None:
-            for req_id in self.scheduler.update_from_output(*self._host(self.in_flight)):
-                self.rows.forget(req_id)
-        self.in_flight = launched
-
-    @staticmethod
-    def _host(in_flight: tuple[StepPlan, torch.Tensor]) -> tuple[StepPlan, list[int]]:
-        plan, sampled = in_flight
-        return plan, sampled.tolist()
-
-    def run(self, max_steps: int) -> None:
-        """Step until every request finished (or `max_steps`)."""
-        for _ in range(max_steps):
-            if not (self.scheduler.waiting or self.scheduler.running or self.in_flight):
-                return
-            self.step()

@@ -101,6 +101,7 @@ class RunnerConfig:
     # drafter's), and every graph's outputs in one shared pool (cudagraph.GraphPool)
     draft_graphs: bool = False
     prompt_logprobs: bool = False  # each step's log-softmax of every token's logits
+    sliding_window: int = 0  # attention over the last tokens only (the paged kernel's window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,7 @@ class ModelRunner:
             c.hybrid,
             c.kernel_block_sizes,
             self._builder_block_sizes(),
+            c.sliding_window,
         )
         self.model.fixes = self.fixes
         self.model.moe = MoEConfig(
@@ -285,7 +287,7 @@ class ModelRunner:
             requests, desc.num_tokens if desc else n, desc.num_reqs if desc else r
         )
         if prev_sampled is not None:
-            prev_sampled.fill(batch.input_ids)
+            prev_sampled.fill(batch)
         for row, q in enumerate(requests):
             self.kv_cache.ensure_blocks(row, q.num_computed_tokens + len(q.token_ids), q.token_ids)
         self._zero_new_blocks()

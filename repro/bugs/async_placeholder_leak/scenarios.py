@@ -6,10 +6,11 @@ The record (fix parts, expected outcomes) is in the package; see its docstring.
 
 from __future__ import annotations
 
-from harness.oracle import close, expect_all
+from harness.async_oracle import engine_problems
+from harness.oracle import expect_all
 from harness.record import Context
-from harness.reference import recomputed_logits
-from harness.runner.async_scheduler import AsyncEngine, AsyncScheduler
+from harness.runner.async_engine import AsyncEngine
+from harness.runner.async_scheduler import AsyncScheduler
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.model_runner import ModelRunner, RunnerConfig
 
@@ -34,24 +35,6 @@ def async_config(ctx: Context) -> RunnerConfig:
     )
 
 
-def logits_problems(runner: ModelRunner, engine: AsyncEngine) -> list[str | None]:
-    """Each step's logits vs the float64 reference of each request's host tokens up to the
-    step's last position (the placeholders as the host learned them)."""
-    tokens = {q.req_id: q.prompt + tuple(q.output) for q in engine.scheduler.finished}
-    problems = []
-    for n, (requests, logits) in enumerate(engine.steps):
-        seqs = [
-            list(tokens[q.req_id][: q.num_computed_tokens + len(q.token_ids)]) for q in requests
-        ]
-        names = ", ".join(q.req_id for q in requests)
-        problems.append(
-            close(
-                f"step {n} ({names}) logits vs reference", logits, recomputed_logits(runner, seqs)
-            )
-        )
-    return problems
-
-
 def resumed_after_preemption(ctx: Context) -> str:
     """A scheduler one step ahead serves A and B (three-token prompts, four tokens each) on
     three KV blocks per group. Step 1 prefills both; step 2 decodes both, their inputs
@@ -68,12 +51,12 @@ def resumed_after_preemption(ctx: Context) -> str:
     CPU).
     """
     runner = ModelRunner(async_config(ctx))
-    scheduler = AsyncScheduler(runner.kv_cache)
+    scheduler = AsyncScheduler(runner.kv_cache, ctx.fixes)
     for req_id, prompt in PROMPTS.items():
         scheduler.add_request(req_id, prompt, MAX_TOKENS)
     engine = AsyncEngine(runner, scheduler)
     engine.run(max_steps=12)
     preempted = {q.req_id: q.num_preemptions for q in scheduler.finished}
     assert preempted == {"A": 0, "B": 1}, f"trigger not reached: preemptions {preempted}"
-    expect_all(logits_problems(runner, engine))
+    expect_all(engine_problems(runner, engine))
     return f"{len(engine.steps)} steps, B resumed after one preemption: logits as the reference"
