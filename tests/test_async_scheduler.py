@@ -8,7 +8,7 @@ import torch
 
 from harness.fixes import ALL_FIXES, Fix
 from harness.record import Context
-from harness.runner.async_inputs import PLACEHOLDER, ScheduledRequest, TokenRows
+from harness.runner.async_inputs import PLACEHOLDER, LastStep, ScheduledRequest, TokenRows
 from harness.runner.async_scheduler import AsyncScheduler
 from harness.runner.kv_cache import KVCache
 from harness.runner.sleep_mode import make_pools
@@ -24,12 +24,12 @@ def _resumed_inputs(fixes, device) -> list[int]:
     sampled), misses a step, then prefills its four host tokens again."""
     rows = TokenRows(fixes, device)
     rows.prepare([ScheduledRequest("R", 0, (3, 1, 2))], None)
-    sampled = torch.tensor([7], device=device)
-    requests, fill = rows.prepare([ScheduledRequest("R", 3, (PLACEHOLDER,))], sampled)
+    last = LastStep(
+        torch.tensor([[7]], device=device), torch.zeros(1, dtype=torch.long, device=device)
+    )
+    requests, fill = rows.prepare([ScheduledRequest("R", 3, (PLACEHOLDER,))], last)
     assert requests[0].token_ids == (PLACEHOLDER,) and fill is not None
-    ids = torch.full((1,), -5, dtype=torch.long, device=device)
-    fill.fill(ids)
-    assert ids.tolist() == [7], "the device fill reads the previous step's sampled token"
+    assert fill.src.tolist() == [0] and fill.dst.tolist() == [0], "step 1's row 0, column 0"
     rows.prepare([], None)  # a step without R
     requests, fill = rows.prepare([ScheduledRequest("R", 0, (3, 1, 2, 7, 9))], None)
     assert fill is None, "a request with no previous-step row gets no device fill"
@@ -47,7 +47,7 @@ def test_buggy_a_resumed_request_keeps_its_placeholders(device) -> None:
 
 def _scheduler(device) -> AsyncScheduler:
     kv = KVCache((4, 4), 3, 1, 2, 2, 8, 8, make_pools(device))
-    scheduler = AsyncScheduler(kv)
+    scheduler = AsyncScheduler(kv, ALL_FIXES)
     scheduler.add_request("A", (5, 9, 13), 4)
     scheduler.add_request("B", (2, 7, 11), 4)
     return scheduler
@@ -62,16 +62,16 @@ def test_the_scheduler_runs_one_step_ahead_and_preempts_from_the_back(device) ->
     second = s.schedule()
     assert [q.token_ids for q in second.scheduled] == [(PLACEHOLDER,), (PLACEHOLDER,)]
     assert [(q.num_computed_tokens, q.num_in_flight_tokens) for q in s.running] == [(4, 4)] * 2
-    s.update_from_output(first, [20, 21])
+    s.update_from_output(first, [[20], [21]], [0, 0])
     third = s.schedule()
     assert [q.req_id for q in third.requests] == ["A"] and [q.req_id for q in s.waiting] == ["B"]
     assert s.waiting[0].num_computed_tokens == 0 and 1 not in s.kv.blocks
-    s.update_from_output(second, [30, 31])
+    s.update_from_output(second, [[30], [31]], [0, 0])
     assert s.waiting[0].output == [21, 31], "a preempted request keeps its in-flight output"
-    s.update_from_output(third, [40])
+    s.update_from_output(third, [[40]], [0])
     fourth = s.schedule()
     assert [q.req_id for q in fourth.requests] == ["A"], "B's five tokens need two free blocks"
-    assert s.update_from_output(fourth, [50]) == ["A"]
+    assert s.update_from_output(fourth, [[50]], [0]) == ["A"]
     resumed = s.schedule()
     assert resumed.scheduled == [ScheduledRequest("B", 0, (2, 7, 11, 21, 31))]
 

@@ -7,7 +7,7 @@ from harness.fixes import Fix
 from harness.record import Mutant
 
 PART = Fix.ASYNC_WINDOW_FREE_PROCESSED
-SCHED, KV = "harness/runner/async_scheduler.py", "harness/runner/kv_cache.py"
+SCHED = "harness/runner/async_scheduler.py"
 SETTLE = "computed -= req.num_in_flight_tokens"
 
 MUTANTS = (
@@ -59,13 +59,13 @@ MUTANTS = (
         "forgotten, so the settled count is the optimistic one",
     ),
     Mutant(
-        "window_edge_one_later",
+        "drafts_counted_as_computed",
         PART,
-        "boundary",
-        KV,
-        "skipped = max(0, num_computed_tokens - self.sliding_window + 1)",
-        "skipped = max(0, num_computed_tokens - self.sliding_window + 2)",
-        "one token more counted as out of the window: the oldest position the next query "
-        "attends is freed",
+        "partial",
+        SCHED,
+        SETTLE,
+        "computed -= req.num_in_flight_tokens - self.num_spec_tokens",
+        "only the in-flight sampled token is settled; its drafts count as computed, as if "
+        "every draft were accepted",
     ),
 )
