@@ -261,11 +261,14 @@ def _placeholder_probe(device: str, fixes: frozenset[Fix]) -> Problems:
     the step before sampled), missed a step, and prefills its host tokens again: no -1 left."""
     import torch
 
-    from harness.runner.async_inputs import PLACEHOLDER, ScheduledRequest, TokenRows
+    from harness.runner.async_inputs import PLACEHOLDER, LastStep, ScheduledRequest, TokenRows
 
     rows = TokenRows(fixes, device)
     rows.prepare([ScheduledRequest("r", 0, (3, 1, 2))], None)
-    rows.prepare([ScheduledRequest("r", 3, (PLACEHOLDER,))], torch.tensor([7], device=device))
+    last = LastStep(
+        torch.tensor([[7]], device=device), torch.zeros(1, dtype=torch.long, device=device)
+    )
+    rows.prepare([ScheduledRequest("r", 3, (PLACEHOLDER,))], last)
     rows.prepare([], None)
     requests, _ = rows.prepare([ScheduledRequest("r", 0, (3, 1, 2, 7, 9))], None)
     ids = list(requests[0].token_ids)
