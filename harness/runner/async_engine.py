@@ -49,6 +49,8 @@ class AsyncEngine:
         self.steps: list[StepRecord] = []
 
     def step(self) -> None:
+        """Schedule step N+1 and launch it (its placeholders filled from step N on the device),
+        then let step N's tokens reach the host."""
         plan = self.scheduler.schedule()
         last = self.in_flight[1].last if self.in_flight else None
         requests, fill = self.rows.prepare(plan.scheduled, last)
