@@ -77,6 +77,13 @@ class Fix(enum.Enum):
     # vLLM #29623 (async_output_lifetime): the async output keeps the sampled token ids' device
     # tensor until their copy-stream download completes
     ASYNC_OUTPUT_KEEP_REF = "async_output_keep_ref"
+    # vLLM #40768 (async_placeholder_leak; closed upstream, for issue #37159; #26385 sends a
+    # resumed request's tokens): placeholders of a request with no row in the last step are
+    # filled from the host's tokens, not left as -1 for the embedding
+    ASYNC_PLACEHOLDER_HOST_FILL = "async_placeholder_host_fill"
+    # vLLM #47728 (async_window_free; issue #47282): blocks out of a sliding window are freed on
+    # the processed token count (computed minus in flight), not the optimistic one
+    ASYNC_WINDOW_FREE_PROCESSED = "async_window_free_processed"
 
 
 Variant = frozenset[Fix]

@@ -99,8 +99,10 @@ def _attention(runner: ModelRunner, i: int, h: torch.Tensor, requests: list[Requ
         keys = torch.cat([k_cache[cached], k[start : start + m]])
         values = torch.cat([v_cache[cached], v[start : start + m]])
         for j in range(m):
-            scores = torch.einsum("hd,phd->hp", q[start + j], keys[: past + j + 1]) * dim**-0.5
-            out[start + j] = torch.einsum("hp,phd->hd", scores.softmax(-1), values[: past + j + 1])
+            window = runner.config.sliding_window or past + j + 1  # 0: no window
+            live = slice(max(0, past + j + 1 - window), past + j + 1)
+            scores = torch.einsum("hd,phd->hp", q[start + j], keys[live]) * dim**-0.5
+            out[start + j] = torch.einsum("hp,phd->hd", scores.softmax(-1), values[live])
         start += m
     return out.reshape(-1, c.hidden_size) @ wo.T
 

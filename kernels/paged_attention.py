@@ -172,6 +172,7 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
     v_scale: torch.Tensor | None = None,  # [1] float32, an fp8 cache's only
     block_size: int | None = None,  # tokens per block-table entry (default: k_cache's pages)
+    window: int = 0,  # a sliding window: position p attends [max(0, p + 1 - window), p]; 0: none
 ) -> None:
     num_tokens, heads, dim = query.shape
     assert query.is_contiguous() and out.is_contiguous() and block_table.is_contiguous()
@@ -196,6 +197,7 @@ def paged_attention(
         block_table.stride(0),
         k_cache.shape[1] if block_size is None else block_size,
         num_tokens,
+        window,
         HEADS=heads,
         KV_HEADS=kv_heads,
         DIM=dim,
@@ -330,6 +332,7 @@ def _paged_attention_kernel(
     table_stride,
     block_size,
     num_tokens,
+    window,
     HEADS: tl.constexpr,
     KV_HEADS: tl.constexpr,
     DIM: tl.constexpr,
@@ -339,9 +342,10 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
 ):
     """One (batch row, head): every token of the row, BLOCK_Q tokens at a time, attends its
-    row's positions 0..pos on the head's KV head (h // (HEADS // KV_HEADS)), by online softmax
-    in float32. A tile loads the positions below its last token's; each token weighs only its
-    own (the others' weights are 0: they are this step's tokens, written before)."""
+    row's positions 0..pos (the last `window` of them when window > 0) on the head's KV head
+    (h // (HEADS // KV_HEADS)), by online softmax in float32. A tile loads the positions from
+    its tokens' first to their last; each token weighs only its own (the others' weights are
+    0: positions inside another token's window of the tile, written before)."""
     row, h = tl.program_id(0), tl.program_id(1)
     kv_h = h // (HEADS // KV_HEADS)
     table_row_ptr = block_table_ptr + row.to(tl.int64) * table_stride
@@ -352,6 +356,8 @@ def _paged_attention_kernel(
         mine = tl.load(token_rows_ptr + ts, mask=ts < num_tokens, other=-1) == row
         if tl.max(mine.to(tl.int32), axis=0) > 0:
             pos = tl.load(positions_ptr + ts, mask=mine, other=-1)
+            lo = tl.where(window > 0, tl.maximum(pos + 1 - window, 0), 0)
+            lo_tile = tl.min(tl.where(mine, lo, MAX_MODEL_LEN), axis=0)
             hi = tl.max(pos, axis=0) + 1
             heads = (ts.to(tl.int64)[:, None] * HEADS + h) * DIM + dims[None, :]
             in_tile = mine[:, None] & in_head[None, :]
@@ -361,9 +367,9 @@ def _paged_attention_kernel(
             acc = tl.zeros([BLOCK_Q, DIM_PAD], tl.float32)
             # NOTE: the bound is constexpr (moe_lora_align.py); tiles past the last are skipped
             for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
-                if p0 < hi:
+                if (p0 < hi) & (p0 + BLOCK_P > lo_tile):
                     ps = p0 + tl.arange(0, BLOCK_P)
-                    loaded = ps < hi
+                    loaded = (ps >= lo_tile) & (ps < hi)
                     block = tl.load(table_row_ptr + ps // block_size, mask=loaded, other=0)
                     entry = (block.to(tl.int64) * block_size + ps % block_size) * KV_HEADS + kv_h
                     kv = entry[:, None] * DIM + dims[None, :]
@@ -372,7 +378,8 @@ def _paged_attention_kernel(
                         tl.load(k_cache_ptr + kv, mask=kv_mask, other=0.0), k_scale_ptr
                     )
                     scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-                    scores = tl.where(ps[None, :] <= pos[:, None], scores, float("-inf"))
+                    live = (ps[None, :] >= lo[:, None]) & (ps[None, :] <= pos[:, None])
+                    scores = tl.where(live, scores, float("-inf"))
                     m_new = tl.maximum(m, tl.max(scores, axis=1))
                     safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
                     correction = tl.exp(m - safe)

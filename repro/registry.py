@@ -8,6 +8,8 @@ from harness.record import BugRecord
 from repro.bugs import (
     async_output_lifetime,
     async_pinned_race,
+    async_placeholder_leak,
+    async_window_free,
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
@@ -61,6 +63,8 @@ BUGS: tuple[BugRecord, ...] = (
     # async scheduling and copy streams (issue 25), in upstream fix order
     async_pinned_race.RECORD,
     async_output_lifetime.RECORD,
+    async_placeholder_leak.RECORD,
+    async_window_free.RECORD,
 )
 
 

@@ -256,6 +256,27 @@ def _finalize_padding_probe(device: str, fixes: frozenset[Fix]) -> Problems:
     return [close("the tokens' MoE outputs (padding rows 0)", out, want)]
 
 
+def _placeholder_probe(device: str, fixes: frozenset[Fix]) -> Problems:
+    """The worker's inputs for a request that decoded (its input the placeholder of the token
+    the step before sampled), missed a step, and prefills its host tokens again: no -1 left."""
+    import torch
+
+    from harness.runner.async_inputs import PLACEHOLDER, LastStep, ScheduledRequest, TokenRows
+
+    rows = TokenRows(fixes, device)
+    rows.prepare([ScheduledRequest("r", 0, (3, 1, 2))], None)
+    last = LastStep(
+        torch.tensor([[7]], device=device), torch.zeros(1, dtype=torch.long, device=device)
+    )
+    rows.prepare([ScheduledRequest("r", 3, (PLACEHOLDER,))], last)
+    rows.prepare([], None)
+    requests, _ = rows.prepare([ScheduledRequest("r", 0, (3, 1, 2, 7, 9))], None)
+    ids = list(requests[0].token_ids)
+    return [
+        f"a resumed request's input ids {ids} carry {PLACEHOLDER}" if PLACEHOLDER in ids else None
+    ]
+
+
 KV_CACHE, LORA_OPS, LORA = (
     "harness/runner/kv_cache.py",
     "kernels/lora_ops.py",
@@ -361,6 +382,16 @@ CONTRACTS = (
         _finalize_padding_probe,
         part=Fix.MOE_PAD_SENTINEL_GUARD,
         bug="moe_pad_sentinel",
+    ),
+    Contract(
+        "placeholder_filled_before_embedding",
+        "token id -1 (a placeholder of a sampled token still on the device)",
+        "TokenRows.prepare (harness/runner/async_inputs.py): the row of every sampled token",
+        "the embedding's gather (harness/runner/model.py), through the step's input ids",
+        "a request with no previous-step row takes the host's tokens",
+        _placeholder_probe,
+        part=Fix.ASYNC_PLACEHOLDER_HOST_FILL,
+        bug="async_placeholder_leak",
     ),
 )
 NAMES = {c.name: c for c in CONTRACTS}

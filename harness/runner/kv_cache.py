@@ -6,6 +6,10 @@ NOTE: a freed block keeps its bytes, and its prefix-cache entry, until it is tak
 next tenant reads whatever it does not overwrite (vLLM #35219), and a cache hit reads whatever
 the block holds now (after a sleep: the wake's poison, vLLM #22726).
 
+NOTE: with a sliding window, block 0 of every group is the null block (upstream's BlockPool
+null_block): never a request's, the table entry of every block freed because it left the
+window. It holds NaN (poison): a position read through it shows.
+
 NOTE: the metadata of a step is views of persistent buffers (input buffers, block tables, slot
 mappings), refreshed in place every step: a captured graph, and the attention a PIECEWISE
 graph runs eagerly between its pieces, read the live step through them.
@@ -26,6 +30,7 @@ from harness.runner.mamba import state_pages
 from harness.runner.sleep_mode import TaggedPools
 
 TAG = "kv_cache"
+NULL_BLOCK = 0  # with a sliding window: the entry of a block freed out of the window
 
 
 @dataclass(eq=False)
@@ -44,6 +49,7 @@ class AttentionMetadata:
     sched: object | None = None  # the decode backend's lazily planned state (flashmla.py)
     num_actual_tokens: int | None = None  # the tokens attention computes, padding excluded
     block_sizes: tuple[int, ...] = ()  # per group, what the builder tells attention a block is
+    window: int = 0  # the sliding window (tokens), 0: none
 
 
 class KVCache:
@@ -63,6 +69,7 @@ class KVCache:
         hybrid: bool = False,  # a state group shares group 0's blocks (mamba.py)
         kernel_block_sizes: tuple[int, ...] = (),  # per group, dividing block_sizes (default: =)
         builder_block_sizes: tuple[int, ...] = (),  # per group, told to attention (default: =)
+        sliding_window: int = 0,  # every group's attention sees the last `sliding_window` tokens
     ) -> None:
         self.block_sizes, self.num_blocks = block_sizes, num_blocks
         self.kernel_block_sizes = kernel_block_sizes or block_sizes
@@ -73,6 +80,7 @@ class KVCache:
         per = [m // k for m, k in pairs]  # kernel blocks per manager block
         self.max_model_len, self.seed = max_model_len, seed
         self.prefix_caching, self.hybrid = prefix_caching, hybrid
+        self.sliding_window = sliding_window
         shape = lambda size: (num_blocks, size, num_heads, head_dim)
         self.k_caches = [pools.zeros(TAG, shape(size), dtype) for size in block_sizes]
         self.v_caches = [pools.zeros(TAG, shape(size), dtype) for size in block_sizes]
@@ -81,6 +89,9 @@ class KVCache:
             self.kernel_block_sizes, max_num_reqs, max_num_tokens, max_model_len, pools, per
         )
         self.reset()
+        if sliding_window:
+            for cache in (*self.k_caches, *self.v_caches):
+                cache[NULL_BLOCK] = float("nan")
 
     def reset(self) -> None:
         """Forget every request and every cached block; blocks are handed out in a seeded
@@ -92,6 +103,8 @@ class KVCache:
         self.free_lists = [
             torch.randperm(self.num_blocks, generator=gen).tolist() for _ in self.block_sizes
         ]
+        if self.sliding_window:
+            self.free_lists = [[b for b in ids if b != NULL_BLOCK] for ids in self.free_lists]
         self.blocks: dict[int, list[list[int]]] = {}  # row -> each group's block ids
         self.state_blocks: dict[int, int] = {}  # row -> its state block, one of group 0's
         self.tokens: dict[int, list[int]] = {}  # row -> its token ids from position 0
@@ -104,10 +117,25 @@ class KVCache:
         group's last block first (upstream's order), its state block after them; cached blocks
         stay in the prefix cache until they are taken again."""
         for g, ids in enumerate(self.blocks.pop(row, [])):
-            self.free_lists[g][:0] = ids
+            self.free_lists[g][:0] = [b for b in ids if not self._null(b)]
         if row in self.state_blocks:
             self.free_lists[0][:0] = [self.state_blocks.pop(row)]
         self.tokens.pop(row, None)
+
+    def _null(self, block: int) -> bool:
+        return bool(self.sliding_window) and block == NULL_BLOCK
+
+    def remove_skipped_blocks(self, row: int, num_computed_tokens: int) -> None:
+        """Free the row's blocks wholly before the window of position `num_computed_tokens`
+        (the next one computed): their entries become the null block (upstream:
+        SlidingWindowManager.remove_skipped_blocks)."""
+        skipped = max(0, num_computed_tokens - self.sliding_window + 1)
+        for g, size in enumerate(self.block_sizes):
+            owned = self.blocks.get(row, [[] for _ in self.block_sizes])[g]
+            for i in range(min(skipped // size, len(owned))):
+                if not self._null(owned[i]):
+                    self.free_lists[g][:0] = [owned[i]]
+                    owned[i] = NULL_BLOCK
 
     def swap_rows(self, i: int, j: int) -> None:
         """Requests in rows i and j trade places (a batch reordered by swaps): their blocks,
@@ -236,6 +264,7 @@ class KVCache:
             batch.uniform_decode,
             num_actual_tokens=batch.num_tokens,
             block_sizes=self.builder_block_sizes,
+            window=self.sliding_window,
         )
 
     def kernel_views(self, caches: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -334,6 +334,7 @@ class TinyLoRADecoder:
             scale,
             attn.max_model_len,
             block_size=attn.block_sizes[i],
+            window=attn.window,
         )
 
 

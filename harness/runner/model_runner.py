@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from harness.fixes import ALL_FIXES, Fix, Variant
+from harness.runner.async_inputs import PrevSampled
 from harness.runner.async_output import AsyncOutput, async_sampling
 from harness.runner.cudagraph import (
     BatchExecutionDescriptor,
@@ -107,6 +108,7 @@ class RunnerConfig:
     # runs late with `stream_delay` (streams.py: the order a race loses)
     async_output: bool = False
     stream_delay: bool = False
+    sliding_window: int = 0  # attention over the last tokens only (the paged kernel's window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +153,7 @@ class ModelRunner:
             c.hybrid,
             c.kernel_block_sizes,
             self._builder_block_sizes(),
+            c.sliding_window,
         )
         self.model.fixes = self.fixes
         self.model.moe = MoEConfig(
@@ -274,8 +277,10 @@ class ModelRunner:
         num_tokens: int = 0,
         num_reqs: int = 1,
         use_cudagraph: bool = True,
+        prev_sampled: PrevSampled | None = None,
     ) -> ModelOutput:
-        """A real step (graph replay when one fits), or a dummy run (eager, no KV writes)."""
+        """A real step (graph replay when one fits), or a dummy run (eager, no KV writes);
+        `prev_sampled` fills a scheduler's placeholders on the device (async_inputs.py)."""
         if dummy_run:
             batch = self.input_buffers.dummy(num_tokens, num_reqs)
             self._set_dummy_lora_state(num_tokens, num_reqs)
@@ -291,6 +296,8 @@ class ModelRunner:
         batch = self.input_buffers.prepare(
             requests, desc.num_tokens if desc else n, desc.num_reqs if desc else r
         )
+        if prev_sampled is not None:
+            prev_sampled.fill(batch)
         for row, q in enumerate(requests):
             self.kv_cache.ensure_blocks(row, q.num_computed_tokens + len(q.token_ids), q.token_ids)
         self._zero_new_blocks()
