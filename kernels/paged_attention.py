@@ -207,6 +207,9 @@ def paged_attention(
         # memory: MLA's 576 (1024 padded) takes 16 positions a tile to fit an A100's
         BLOCK_P=max(MIN_DOT, min(BLOCK_P, 8192 // dim_pad)),
         BLOCK_Q=BLOCK_Q,
+        # NOTE: the token loop's bound is constexpr (Triton 3.6's interpreter needs one): the
+        # tokens rounded up to a power of two, a compile per power
+        MAX_TOKENS=max(BLOCK_Q, triton.next_power_of_2(num_tokens)),
     )
 
 
@@ -340,6 +343,7 @@ def _paged_attention_kernel(
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_Q: tl.constexpr,
+    MAX_TOKENS: tl.constexpr,
 ):
     """One (batch row, head): every token of the row, BLOCK_Q tokens at a time, attends its
     row's positions 0..pos (the last `window` of them when window > 0) on the head's KV head
@@ -351,10 +355,10 @@ def _paged_attention_kernel(
     table_row_ptr = block_table_ptr + row.to(tl.int64) * table_stride
     dims = tl.arange(0, DIM_PAD)
     in_head = dims < DIM
-    for t0 in range(0, num_tokens, BLOCK_Q):
+    for t0 in range(0, MAX_TOKENS, BLOCK_Q):
         ts = t0 + tl.arange(0, BLOCK_Q)
         mine = tl.load(token_rows_ptr + ts, mask=ts < num_tokens, other=-1) == row
-        if tl.max(mine.to(tl.int32), axis=0) > 0:
+        if (t0 < num_tokens) & (tl.max(mine.to(tl.int32), axis=0) > 0):
             pos = tl.load(positions_ptr + ts, mask=mine, other=-1)
             lo = tl.where(window > 0, tl.maximum(pos + 1 - window, 0), 0)
             lo_tile = tl.min(tl.where(mine, lo, MAX_MODEL_LEN), axis=0)

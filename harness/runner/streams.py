@@ -7,7 +7,7 @@ stream's work so far), main-stream work after one of their events (`on_main`), a
 host can `synchronize()` on or `query()`.
 
 The delay makes a race's losing order certain, on both devices:
-- GPU: a spin kernel (`torch.cuda._sleep(DELAY_CYCLES)`, some 100 ms on an H100) is enqueued on
+- GPU: a spin kernel (`torch.cuda._sleep(DELAY_CYCLES)`, some 200 ms on an H100) is enqueued on
   the copy stream before each copy, so what the host does next (rewrite the copy's pinned
   source, hand the copy's device source to the next step's kernels) comes first;
 - CPU: the copy stream's work is queued as closures and runs only when an event after it is
@@ -29,7 +29,8 @@ import torch
 
 from harness.runner.cudagraph import Work, bound_work
 
-DELAY_CYCLES = 200_000_000  # ~100 ms at 1.98 GHz: far past a step's host work (warm kernels)
+DELAY_CYCLES = 400_000_000  # ~200 ms at 1.98 GHz: far past a step's host work once warm (H100:
+# 0.2-5 ms; a process's first step took longer than 100 ms: the scenarios warm up first)
 
 
 @dataclass(eq=False, slots=True)

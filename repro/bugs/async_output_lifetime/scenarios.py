@@ -16,6 +16,7 @@ from repro.bugs.async_pinned_race.scenarios import (
     async_config,
     ranked,
     token_problems,
+    warm_up,
 )
 
 # three steps of new requests of the same lengths (each step's kernels are the first's); each
@@ -34,11 +35,12 @@ def steps_in_flight_back_to_back(ctx: Context) -> str:
     step samples its requests' tokens on the main stream into device memory and downloads them
     on the copy stream; the step returns at once and the engine issues the next step before it
     reads the last one's tokens (two steps in flight). Steps 0, 1 and 2 prefill two new
-    requests each (same lengths); the host issues step 1, reads step 0's tokens, issues step 2,
-    reads steps 1 and 2. The copy stream runs late (a spin kernel before each copy on a GPU;
-    deferred copies on the CPU). The sampled tokens' device memory comes from an arena that
-    hands a freed slot to the next step, as the caching allocator hands a freed block to the
-    next allocation of its size on the main stream.
+    requests each (same lengths), after a warm-up step of their shapes; the host issues step
+    1, reads step 0's tokens, issues step 2, reads steps 1 and 2. The copy stream runs late (a
+    spin kernel before each copy on a GPU; deferred copies on the CPU). The sampled tokens'
+    device memory comes from an arena that hands a freed slot to the next step, as the
+    caching allocator hands a freed block to the next allocation of its size on the main
+    stream.
 
     Fixed: each output keeps its device tensor until its download completed (upstream: the
     AsyncOutput's references): every step's tokens are its requests' best by the float64
@@ -52,6 +54,7 @@ def steps_in_flight_back_to_back(ctx: Context) -> str:
     for prompts in STEPS:
         ranks |= ranked(runner, prompts)
     expected = [[ranks[rid][0] for rid in prompts] for prompts in STEPS]
+    warm_up(runner, ranks["A"][0])
     out = [_step(runner, STEPS[0]), _step(runner, STEPS[1])]
     tokens = [out[0].get_output()]
     out.append(_step(runner, STEPS[2]))
