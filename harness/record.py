@@ -108,6 +108,18 @@ class Scenario:
 
 
 @dataclass(frozen=True, slots=True)
+class Fold:
+    """A fold rule (repro/fold.py): in `files`, the `names` carry `part`'s switch (a Triton
+    constexpr, a launcher's keyword, a field of a kernel's switches), so the checkout removes
+    each parameter, field and keyword so named and folds every other use to the part's value.
+    Only where the `Fix.PART in fixes` pattern does not reach."""
+
+    part: Fix
+    names: tuple[str, ...]
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class BugRecord:
     id: str  # also the pytest marker; never reused
     title: str
@@ -122,6 +134,8 @@ class BugRecord:
     # where each fix part sits upstream (file and function, in words: no upstream code here)
     anchors: tuple[tuple[Fix, str], ...] = ()
     history: str = ""  # the bug's relatives and follow-ups upstream
+    # switches that travel as names (constexprs, launcher keywords): `repro checkout` folds them
+    folds: tuple[Fold, ...] = ()
 
     @property
     def buggy_variant(self) -> Variant:

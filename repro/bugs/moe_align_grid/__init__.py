@@ -11,13 +11,20 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Scenario
+from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Fold, Scenario
 
 GRID = Fix.MOE_ALIGN_GRID_PLUS_ONE
 GUARD = Fix.MOE_ALIGN_OOB_GUARD
 SORT_CHECK = Fix.MOE_ALIGN_SORT_ADAPTER_CHECK
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)  # CPU: the interpreter's wild read, SIGSEGV
+
+# where the switches travel as names (repro checkout folds them; repro/fold.py)
+FOLD_FILES = (
+    "kernels/moe_lora_align.py",
+    "harness/runner/model_runner.py",
+    "repro/bugs/moe_align_grid/scenarios.py",
+)
 
 RECORD = BugRecord(
     id="moe_align_grid",
@@ -81,6 +88,11 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    folds=(
+        Fold(GRID, ("grid_plus_one",), FOLD_FILES),
+        Fold(GUARD, ("oob_guard", "FIXED_OOB_GUARD"), FOLD_FILES),
+        Fold(SORT_CHECK, ("sort_adapter_check", "FIXED_SORT_ADAPTER_CHECK"), FOLD_FILES),
+    ),
     anchors=(
         (
             GRID,

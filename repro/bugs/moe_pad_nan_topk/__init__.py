@@ -15,12 +15,20 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fold, Scenario
 
 PART = Fix.MOE_GATE_NAN_CLAMP
 # GPU: the finalize's gather at row 2^31 - 1, far past any allocation; CPU: the interpreter's
 # wild read of the same address, SIGSEGV
 ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)
+
+# where the switches travel as names (repro checkout folds them; repro/fold.py)
+FOLD_FILES = (
+    "kernels/topk_gate.py",
+    "harness/runner/model.py",
+    "repro/bugs/moe_pad_nan_topk/scenarios.py",
+    "repro/sentinels.py",
+)
 
 RECORD = BugRecord(
     id="moe_pad_nan_topk",
@@ -56,6 +64,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    folds=(Fold(PART, ("clamp_nonfinite", "CLAMP_NONFINITE"), FOLD_FILES),),
     anchors=(
         (
             PART,
