@@ -25,6 +25,7 @@ folded: a switch passed to a csrc binding becomes a constant argument.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import subprocess
@@ -480,6 +481,7 @@ FOLDED = ("kernels/", "harness/", "repro/")  # Python folded (tests/ keep their 
 NO_SWITCH_LEFT = ("kernels/", "harness/runner/", "csrc/")  # what must hold no switch of the bug
 
 
+@functools.lru_cache(maxsize=8)
 def tree_paths(root: Path) -> list[str]:
     """The project's files: git's tracked and unignored ones, else every file but caches."""
     try:
@@ -529,7 +531,8 @@ def fold_bug(root: Path, bug, values: dict) -> dict[str, str]:
         if sw is None:
             continue
         text = (root / path).read_text()
-        if "Fix." not in text and not sw.names and "fix:" not in text:
+        needles = [*sw.members, *sw.names, *(f"fix: {part}" for part in sw.parts)]
+        if not any(needle in text for needle in needles):
             continue
         try:
             new = fold_text(text, sw)
