@@ -11,6 +11,7 @@ from the variant decides the outcome; when no rule fires the scenario must pass.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,12 +96,20 @@ class Scenario:
     expects: tuple[Expect, ...]
     timeout_s: float = 120.0
     axes: Axes = Axes()
+    # the failure's signature (Defects4J's trigger cause): a regular expression the evidence of
+    # the documented failure matches (the tensor that differs, the kernel that faults); a run
+    # of the right class without it failed for another reason (empty: the class alone)
+    signature: str = ""
 
     def expected(self, fixes: Variant, device: str) -> Outcome:
         for rule in self.expects:
             if rule.missing - fixes:
                 return rule.outcome.on(device)
         return Outcome.PASS
+
+    def signed(self, evidence: str) -> bool:
+        """The evidence shows this scenario's documented failure (its signature)."""
+        return not self.signature or re.search(self.signature, evidence) is not None
 
     def documented(self, device: str) -> frozenset[Outcome]:
         """The failure classes this scenario's record names on `device` (for --symptom)."""

@@ -18,8 +18,10 @@ Where a switch travels as a name (a Triton constexpr, a launcher's keyword, a da
 of kernel switches), the bug's record names it (`harness.record.Fold`): in the files named
 there, a parameter, a dataclass field or a keyword argument so named goes (a keyword only when
 its value carries no other bug's switch), a positional argument passed for such a parameter
-of a function of the same file goes, and every other use becomes the constant. C++ is not
-folded: a switch passed to a csrc binding becomes a constant argument.
+of a function of the same file (or to a function elsewhere, a csrc binding) goes, and every
+other use becomes the constant. C++ files a rule names fold the same way, on text: `bool NAME`
+parameters and fields, and the arguments and initialisers passed for them by position, go;
+other uses become `true`/`false` and `c ? a : b`, `c && x` and `if (false && ...) ...;` reduce.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import re
 import subprocess
 import textwrap
 import tokenize
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,8 +135,7 @@ class _Round:
             if isinstance(fn, ast.FunctionDef):
                 params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
                 at = tuple(i for i, a in enumerate(params) if a in self.sw.names)
-                if at:
-                    found[fn.name] = (len(params), at)
+                found[fn.name] = (len(params), at)
         return found
 
     # -- positions ------------------------------------------------------------------------
@@ -367,6 +369,12 @@ class _Round:
             if isinstance(child, ast.expr):
                 self.expression(child)
 
+    def named(self, node: ast.AST) -> bool:
+        """`node` is a name a fold rule declares (`FIXED_OOB_GUARD`, `fixes.oob_guard`)."""
+        if isinstance(node, ast.Name):
+            return node.id in self.sw.names and node.id not in self.local
+        return isinstance(node, ast.Attribute) and node.attr in self.sw.names
+
     def named_items(self, node: ast.AST) -> bool:
         return any(isinstance(n, ast.keyword) and n.arg in self.sw.names for n in ast.walk(node))
 
@@ -378,6 +386,8 @@ class _Round:
         for i, arg in enumerate(call.args):
             if len(call.args) == arity and i in doomed_at:
                 doomed.append(arg)
+            elif name not in self.sw.positional and self.named(arg):
+                doomed.append(arg)  # to another module or a C++ binding, whose parameter goes
             else:
                 self.expression(arg)
         for kw in call.keywords:
@@ -477,6 +487,108 @@ class _Round:
         return True
 
 
+# -- C++ (csrc/) ---------------------------------------------------------------------------------
+
+CXX_SUFFIXES = (".cu", ".cpp", ".h", ".cuh")
+CXX_DECL = re.compile(r"\b(\w+)\s*\(([^()]*)\)\s*(?:const\s*)?[{;]")
+CXX_STRUCT = re.compile(r"\bstruct\s+(\w+)\s*\{([^{}]*)\}")
+
+
+def cxx_positions(texts: Iterable[str], names: dict[str, bool]) -> dict[str, dict[int, tuple]]:
+    """{function or struct: {its arity: the indices of its switch parameters or fields}} over
+    the C++ files of a fold rule (a struct's fields are initialised by position too)."""
+    found: dict[str, dict[int, tuple]] = {}
+
+    def note(name: str, items: list[str]) -> None:
+        at = tuple(
+            i for i, item in enumerate(items) if re.fullmatch(rf"bool\s+({'|'.join(names)})", item)
+        )
+        if at:
+            found.setdefault(name, {})[len(items)] = at
+
+    for text in texts:
+        for m in CXX_DECL.finditer(text):
+            note(m.group(1), [i.strip() for i in m.group(2).split(",")])
+        for m in CXX_STRUCT.finditer(text):
+            fields = re.sub(r"//[^\n]*", "", m.group(2)).split(";")
+            note(m.group(1), [f.strip() for f in fields][:-1])
+    return found
+
+
+def _cxx_items(text: str, open_at: int) -> tuple[list[tuple[int, int]], int]:
+    """The top-level comma-separated items of the (...) or {...} opening at `open_at`: their
+    spans, and the index of the closing bracket."""
+    depth, start, items = 0, open_at + 1, []
+    for k in range(open_at, len(text)):
+        c = text[k]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                if text[start:k].strip():
+                    items.append((start, k))
+                return items, k
+        elif c == "," and depth == 1:
+            items.append((start, k))
+            start = k + 1
+    raise FoldError("unbalanced brackets")
+
+
+def _runs(indices: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def fold_cxx(text: str, names: dict[str, bool], positions: dict, parts: frozenset[str]) -> str:
+    """Fold C++ switches named by a rule: parameters, fields and the arguments or initialisers
+    passed for them go; other uses become `true`/`false`; `x ? a : b`, `c && x` and an `if`
+    on a constant simplified; `// fix: P` comment lines dropped."""
+    if not names:
+        return text
+    alt = "|".join(names)
+    # the struct definitions' fields
+    text = re.sub(rf"^[ \t]*bool\s+({alt});[^\n]*\n", "", text, flags=re.M)
+    # parameters, arguments and initialisers, by position (right to left keeps offsets)
+    edits = []
+    for name, by_arity in positions.items():
+        for m in re.finditer(rf"\b{name}\s*(?:<<<.*?>>>\s*)?(?:\w+\s*)?([({{])", text, re.S):
+            items, _ = _cxx_items(text, m.start(1))
+            at = set(by_arity.get(len(items), ()))
+            for run in _runs(sorted(at)):
+                i, j = run[0], run[-1]
+                if i > 0:  # from the comma before the run
+                    edits.append((items[i - 1][1], items[j][1]))
+                elif j + 1 < len(items):  # to the next item kept
+                    b = items[j + 1][0]
+                    while text[b] in " \t\n":
+                        b += 1
+                    edits.append((items[0][0], b))
+                else:
+                    edits.append((items[0][0], items[-1][1]))
+    for a, b in sorted(set(edits), reverse=True):
+        text = text[:a] + text[b:]
+    text = re.sub(r"\(\s*\n\s*\)", "()", text)
+
+    # the remaining uses
+    def const(m: re.Match) -> str:
+        return "true" if names[m.group(1)] else "false"
+
+    text = re.sub(rf"(?:\bfixes\.)?\b({alt})\b", const, text)
+    text = re.sub(r"\btrue \? ([^:;]+?) : ([^;]+?);", r"\1;", text)
+    text = re.sub(r"\bfalse \? ([^:;]+?) : ([^;]+?);", r"\2;", text)
+    text = re.sub(r"^[ \t]*if \(false && [^;]*;\n", "", text, flags=re.M)
+    text = re.sub(r"\(true && ", "(", text)
+    lines = text.splitlines(keepends=True)
+    drop = [re.match(r"\s*// fix: (\w+)", line) for line in lines]
+    return "".join(line for line, m in zip(lines, drop, strict=True) if not (m and m[1] in parts))
+
+
 FOLDED = ("kernels/", "harness/", "repro/")  # Python folded (tests/ keep their switches)
 NO_SWITCH_LEFT = ("kernels/", "harness/runner/", "csrc/")  # what must hold no switch of the bug
 
@@ -523,9 +635,28 @@ def switches_for(path: str, bug, values: dict) -> Switches | None:
     return Switches(members, names, frozenset(part.value for part in bug.fix_parts))
 
 
+def _cxx_rules(root: Path, bug, values: dict) -> tuple[dict, dict]:
+    """The bug's C++ switch names per file, and their positions over those files."""
+    per_file: dict[str, dict[str, bool]] = {}
+    for rule in bug.folds:
+        for path in rule.files:
+            if path.endswith(CXX_SUFFIXES):
+                per_file.setdefault(path, {}).update(dict.fromkeys(rule.names, values[rule.part]))
+    names = {n: v for file_names in per_file.values() for n, v in file_names.items()}
+    texts = [(root / path).read_text() for path in per_file]
+    return per_file, cxx_positions(texts, names) if names else {}
+
+
 def fold_bug(root: Path, bug, values: dict) -> dict[str, str]:
     """{path: folded text} for every file of the tree under `root` that folding changes."""
     changed = {}
+    cxx, positions = _cxx_rules(root, bug, values)
+    parts = frozenset(part.value for part in bug.fix_parts)
+    for path, names in cxx.items():
+        text = (root / path).read_text()
+        new = fold_cxx(text, names, positions, parts)
+        if new != text:
+            changed[path] = new
     for path in tree_paths(root):
         sw = switches_for(path, bug, values)
         if sw is None:

@@ -1,11 +1,11 @@
 """The bug as code (`repro checkout`, `repro export`, `repro query`; repro/fold.py).
 
-For every registered bug: both trees fold (no switch of the bug left in kernels/ or
-harness/runner/; csrc's C++ flags are the one exception, passed as constants), every folded file
-compiles, the trees differ, and `fix.lines` lies inside that difference. The verdicts
-(`repro check` in the buggy tree exits 1, in the fixed one 0) run for a sample of bugs in CI
-and for every bug with REPRO_CHECKOUT_SWEEP=1 (a cold check costs 2-15 s; 44 of them do not
-fit CI's budget). The fold itself is tested on small sources: patterns, and fold rules.
+For every registered bug: both trees fold (no switch of the bug left in kernels/,
+harness/runner/ or csrc/), every folded Python file compiles, the trees differ, and
+`fix.lines` lies inside that difference. The verdicts (`repro check` in the buggy tree exits
+1, in the fixed one 0) run for a sample of bugs in CI and for every bug with
+REPRO_CHECKOUT_SWEEP=1 (a cold check costs 2-15 s; 44 of them do not fit CI's budget). The
+fold itself is tested on small sources: patterns, and fold rules.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ def test_both_trees_fold_with_no_switch_left(bug) -> None:
     for on in (True, False):
         changed = fold_bug(ROOT, bug, {p: on for p in bug.fix_parts})
         assert changed, f"{bug.id}: folding changed nothing"
-        left = [w for w in leftovers(ROOT, bug, changed) if not w.startswith("csrc/")]
+        left = leftovers(ROOT, bug, changed)
         assert not left, f"{bug.id} ({'fixed' if on else 'buggy'}): switch left at {left}"
         for path, text in changed.items():
-            compile(text, path, "exec")
+            if path.endswith(".py"):
+                compile(text, path, "exec")
     diff = fix_diff(bug)
     assert diff, f"{bug.id}: the fixed and buggy trees are equal"
     lines = fix_lines(bug)
@@ -181,3 +182,31 @@ def test_checkout_verdicts(device, tmp_path, bug) -> None:
         write(ROOT, tree, fold_bug(ROOT, bug, {p: variant == "fixed" for p in bug.fix_parts}))
         proc = _cli("check", bug.id, "--device", device, "--fail-fast", cwd=tree)
         assert proc.returncode == expected, f"{bug.id} {variant}: {proc.stdout}{proc.stderr}"
+
+
+def test_signature_tells_the_documented_failure_from_another() -> None:
+    scenario = registry.get("kv_block_stale_nan").scenarios[0]
+    assert scenario.signed("step 1 logits vs recomputed reference: 3/64 differ (0, 0): nan vs 2.0")
+    assert not scenario.signed(
+        "step 1 logits vs recomputed reference: 3/64 differ (0, 0): 3.0 vs 2.0"
+    )
+
+
+@pytest.mark.kv_block_stale_nan
+def test_right_class_for_the_wrong_reason_is_a_mismatch(tmp_path) -> None:
+    """A fixed tree broken another way (every zeroed block then shifted by 1: wrong numbers,
+    no NaN) fails with the documented class, wrong_result; `--symptom` reads the signature and
+    does not count it as the bug (125), where the class alone would say present (1)."""
+    bug = registry.get("kv_block_stale_nan")
+    tree = tmp_path / "tree"
+    write(ROOT, tree, fold_bug(ROOT, bug, {p: True for p in bug.fix_parts}))
+    path = tree / "harness/runner/model_runner.py"
+    site = "self.launch(zero_kv_blocks, cache, block_ids)"
+    assert path.read_text().count(site) == 1
+    path.write_text(path.read_text().replace(site, site + "\n                    cache.add_(1)"))
+    args = ("check", bug.id, "--device", "cpu", "--scenario", "recycled_state_block")
+    plain = _cli(*args, cwd=tree)
+    assert plain.returncode == 1, plain.stdout + plain.stderr
+    symptom = _cli(*args, "--symptom", cwd=tree)
+    assert symptom.returncode == 125, symptom.stdout + symptom.stderr
+    assert "signature" in symptom.stdout

@@ -24,6 +24,9 @@ FOLD_FILES = (
     "kernels/moe_lora_align.py",
     "harness/runner/model_runner.py",
     "repro/bugs/moe_align_grid/scenarios.py",
+    "csrc/moe_lora_align.h",
+    "csrc/moe_lora_align.cu",
+    "csrc/moe_lora_align_bindings.cpp",
 )
 
 RECORD = BugRecord(
