@@ -1,11 +1,12 @@
 """`repro export BUG PROPERTY` and `repro query`: the catalogue as data for tool builders.
 
 export prints plain lines: `fix.lines` (`path:line` of each line the fix adds or changes, in
-the fixed tree of `repro checkout`), `fix.files`, `scenarios.trigger` (the scenarios the bug
-fails, with their documented classes and failure signatures), `tests.relevant` (the marker
-suite's test ids, as pytest collects them), `kernels.launched` (the Triton kernels the trigger
-scenarios launch on the CPU, traced in a child). query prints a CSV, one row per bug ever
-registered (retired ones as deprecated: ids are never reused).
+the fixed tree of `repro checkout`), `fix.buggy_lines` (the buggy tree's lines the fix
+replaces or removes, and the line before each insertion), `fix.files`, `scenarios.trigger`
+(the scenarios the bug fails, with their documented classes and failure signatures),
+`tests.relevant` (the marker suite's test ids, as pytest collects them), `kernels.launched`
+(the Triton kernels the trigger scenarios launch on the CPU, traced in a child). query prints
+a CSV, one row per bug ever registered (retired ones as deprecated: ids are never reused).
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from harness.servers import ROOT
 from repro import registry
 from repro.fold import FoldError, fold_bug
 
-PROPERTIES = ("fix.lines", "fix.files", "scenarios.trigger", "tests.relevant", "kernels.launched")
+PROPERTIES = (
+    "fix.lines",
+    "fix.buggy_lines",
+    "fix.files",
+    "scenarios.trigger",
+    "tests.relevant",
+    "kernels.launched",
+)
 FIELDS = (
     "id",
     "upstream",
@@ -90,6 +98,20 @@ def fix_lines(bug: BugRecord) -> list[str]:
     return out
 
 
+def fix_buggy_lines(bug: BugRecord) -> list[str]:
+    """`path:line` in the buggy tree of every line the fix replaces or removes, and of the line
+    before each insertion (where a localizer must point for a fix that only adds code)."""
+    out = []
+    for path, (buggy, fixed) in fix_diff(bug).items():
+        a, b = buggy.splitlines(), fixed.splitlines()
+        for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+            if tag in ("replace", "delete"):
+                out += [f"{path}:{n}" for n in range(i1 + 1, i2 + 1) if a[n - 1].strip()]
+            elif tag == "insert":
+                out.append(f"{path}:{max(i1, 1)}")
+    return list(dict.fromkeys(out))
+
+
 def fix_files(bug: BugRecord) -> list[str]:
     return list(fix_diff(bug))
 
@@ -147,6 +169,7 @@ def launched(bug: BugRecord) -> list[str]:
 
 EXPORTS = {
     "fix.lines": fix_lines,
+    "fix.buggy_lines": fix_buggy_lines,
     "fix.files": fix_files,
     "scenarios.trigger": triggers,
     "tests.relevant": relevant_tests,
