@@ -97,9 +97,12 @@ class Scenario:
     timeout_s: float = 120.0
     axes: Axes = Axes()
     # the failure's signature (Defects4J's trigger cause): a regular expression the evidence of
-    # the documented failure matches (the tensor that differs, the kernel that faults); a run
-    # of the right class without it failed for another reason (empty: the class alone)
+    # the documented failure matches (the tensor that differs, the message); a run of the
+    # right class without it failed for another reason (empty: the class alone). cpu_signature
+    # holds on the CPU only: the frame the interpreter faults in, which a GPU's asynchronous
+    # fault report does not name
     signature: str = ""
+    cpu_signature: str = ""
 
     def expected(self, fixes: Variant, device: str) -> Outcome:
         for rule in self.expects:
@@ -107,9 +110,11 @@ class Scenario:
                 return rule.outcome.on(device)
         return Outcome.PASS
 
-    def signed(self, evidence: str) -> bool:
-        """The evidence shows this scenario's documented failure (its signature)."""
-        return not self.signature or re.search(self.signature, evidence) is not None
+    def signed(self, evidence: str, device: str) -> bool:
+        """The evidence shows this scenario's documented failure (its signatures)."""
+        both = not self.signature or re.search(self.signature, evidence) is not None
+        cpu = device != "cpu" or not self.cpu_signature
+        return both and (cpu or re.search(self.cpu_signature, evidence) is not None)
 
     def documented(self, device: str) -> frozenset[Outcome]:
         """The failure classes this scenario's record names on `device` (for --symptom)."""

@@ -274,7 +274,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             r,
             again.get(r.job),
             p.bug.scenario(r.job.scenario).documented(p.device) if args.symptom else None,
-            p.bug.scenario(r.job.scenario).signed(r.evidence),
+            p.bug.scenario(r.job.scenario).signed(r.evidence, p.device),
         )
         for r in first
     ]

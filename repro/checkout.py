@@ -64,7 +64,8 @@ def cmd_checkout(args: argparse.Namespace) -> int:
         return EXIT_CANNOT_TEST
     left = leftovers(ROOT, bug, changed)
     write(ROOT, target, changed)
-    print(f"{bug.id} {variant}: {target} ({len(changed)} files folded)")
+    label = f"without {','.join(args.without)}" if args.without else variant
+    print(f"{bug.id} {label}: {target} ({len(changed)} files folded)")
     if left:
         print(f"checkout: {bug.id}'s switch left at {', '.join(left)}", file=sys.stderr)
         return EXIT_CANNOT_TEST

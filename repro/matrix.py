@@ -155,7 +155,8 @@ def _jobs(bug: BugRecord, fixes: Variant, device: str, repeat: int, cap: float |
 def _cell(bug: BugRecord, r: Result) -> Cell:
     scenario = bug.scenario(r.job.scenario)
     expected = scenario.expected(r.job.fixes, r.job.device)
-    signed = expected == Outcome.PASS or scenario.signed(r.evidence)
+    judged = r.job.fixes == bug.buggy_variant and expected != Outcome.PASS
+    signed = not judged or scenario.signed(r.evidence, r.job.device)
     return Cell(r, describe(r.job.fixes, bug.fix_parts), expected, signed)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.outcome import Outcome
 from harness.record import Fold
 from repro import registry
 from repro.checkout import write
@@ -186,10 +187,9 @@ def test_checkout_verdicts(device, tmp_path, bug) -> None:
 
 def test_signature_tells_the_documented_failure_from_another() -> None:
     scenario = registry.get("kv_block_stale_nan").scenarios[0]
-    assert scenario.signed("step 1 logits vs recomputed reference: 3/64 differ (0, 0): nan vs 2.0")
-    assert not scenario.signed(
-        "step 1 logits vs recomputed reference: 3/64 differ (0, 0): 3.0 vs 2.0"
-    )
+    nan = "step 1 logits vs recomputed reference: 3/64 differ (0, 0): nan vs 2.0"
+    assert scenario.signed(nan, "cpu") and scenario.signed(nan, "cuda")
+    assert not scenario.signed(nan.replace("nan", "3.0"), "cpu")
 
 
 @pytest.mark.kv_block_stale_nan
@@ -210,3 +210,18 @@ def test_right_class_for_the_wrong_reason_is_a_mismatch(tmp_path) -> None:
     symptom = _cli(*args, "--symptom", cwd=tree)
     assert symptom.returncode == 125, symptom.stdout + symptom.stderr
     assert "signature" in symptom.stdout
+
+
+def test_the_kernel_trace_knows_every_jit_function() -> None:
+    from repro.export import jit_functions
+
+    names = set(jit_functions().values())
+    assert "kernels/paged_attention.py:_zero_kv_blocks_kernel" in names
+    assert "kernels/moe_lora_align.py:_count_and_sort_kernel" in names
+
+
+@pytest.mark.parametrize("bug", _bugs())
+def test_every_trigger_scenario_states_its_signature(bug) -> None:
+    for s in bug.scenarios:
+        if s.expected(bug.buggy_variant, "cpu") != Outcome.PASS:
+            assert s.signature or s.cpu_signature, f"{bug.id}/{s.name}: no failure signature"

@@ -40,6 +40,7 @@ def _replay_after_wake(name: str, mode: str) -> Scenario:
             sleep_levels=(1, 2),
             wakes=("all at once", "staged"),
         ),
+        cpu_signature=r'kernels/block_table\.py", line \d+ in _gather_block_tables_kernel\b',
     )
 
 

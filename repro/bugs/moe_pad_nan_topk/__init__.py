@@ -56,11 +56,13 @@ RECORD = BugRecord(
         Scenario(
             "nan_padding_rows",
             (Expect(frozenset({PART}), ILLEGAL),),
+            cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
         Scenario(
             "piecewise_padded_decode",
             (Expect(frozenset({PART}), ILLEGAL),),
             axes=Axes(graph_modes=("PIECEWISE",), capture_sizes=(4,), steps_per_size=2),
+            cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
     ),
     package=__name__,

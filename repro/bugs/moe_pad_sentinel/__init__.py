@@ -55,16 +55,22 @@ RECORD = BugRecord(
     fix_parts=(PART,),
     buggy_outcome=ILLEGAL,
     scenarios=(
-        Scenario("sentinel_rows", (Expect(frozenset({PART}), ILLEGAL),)),
+        Scenario(
+            "sentinel_rows",
+            (Expect(frozenset({PART}), ILLEGAL),),
+            cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
+        ),
         Scenario(
             "full_graph_padded_decode",
             (Expect(frozenset({PART}), ILLEGAL),),
             axes=Axes(graph_modes=("FULL",), capture_sizes=(4,), steps_per_size=2),
+            cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
         Scenario(
             "piecewise_padded_decode",
             (Expect(frozenset({PART}), ILLEGAL),),
             axes=Axes(graph_modes=("PIECEWISE",), capture_sizes=(4,), steps_per_size=2),
+            cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
     ),
     package=__name__,
