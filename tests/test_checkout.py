@@ -194,16 +194,17 @@ def test_signature_tells_the_documented_failure_from_another() -> None:
 
 @pytest.mark.kv_block_stale_nan
 def test_right_class_for_the_wrong_reason_is_a_mismatch(tmp_path) -> None:
-    """A fixed tree broken another way (every zeroed block then shifted by 1: wrong numbers,
-    no NaN) fails with the documented class, wrong_result; `--symptom` reads the signature and
-    does not count it as the bug (125), where the class alone would say present (1)."""
+    """A fixed tree broken another way (an LM head that adds 1 to every logit: wrong numbers,
+    no NaN) fails kv_block_stale_nan's trigger with the documented class, wrong_result;
+    `--symptom` reads the signature and does not count it as the bug (125), where the class
+    alone says present (1)."""
     bug = registry.get("kv_block_stale_nan")
     tree = tmp_path / "tree"
     write(ROOT, tree, fold_bug(ROOT, bug, {p: True for p in bug.fix_parts}))
-    path = tree / "harness/runner/model_runner.py"
-    site = "self.launch(zero_kv_blocks, cache, block_ids)"
+    path = tree / "harness/runner/model.py"
+    site = "launch(torch.mm, sample, self.head.T, out=logits)"
     assert path.read_text().count(site) == 1
-    path.write_text(path.read_text().replace(site, site + "\n                    cache.add_(1)"))
+    path.write_text(path.read_text().replace(site, site + "\n        logits.add_(1)"))
     args = ("check", bug.id, "--device", "cpu", "--scenario", "recycled_state_block")
     plain = _cli(*args, cwd=tree)
     assert plain.returncode == 1, plain.stdout + plain.stderr
