@@ -233,11 +233,8 @@ class _Round:
         return str(r) if isinstance(r, bool) else r
 
     def wrap(self, node: ast.AST, text: str) -> str:
-        if isinstance(node, ast.BoolOp | ast.IfExp | ast.Lambda) and text != self.src(node):
-            return f"({text})"
-        if isinstance(node, ast.BoolOp | ast.IfExp | ast.Lambda):
-            return f"({text})"
-        return text
+        """`text` in parentheses where it replaces an operand that binds looser than `and`."""
+        return f"({text})" if isinstance(node, ast.BoolOp | ast.IfExp | ast.Lambda) else text
 
     # -- the round ----------------------------------------------------------------------------
 
