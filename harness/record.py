@@ -11,6 +11,7 @@ from the variant decides the outcome; when no rule fires the scenario must pass.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,13 @@ class Scenario:
     expects: tuple[Expect, ...]
     timeout_s: float = 120.0
     axes: Axes = Axes()
+    # the failure's signature (Defects4J's trigger cause): a regular expression the evidence of
+    # the documented failure matches (the tensor that differs, the message); a run of the
+    # right class without it failed for another reason (empty: the class alone). cpu_signature
+    # holds on the CPU only: the frame the interpreter faults in, which a GPU's asynchronous
+    # fault report does not name
+    signature: str = ""
+    cpu_signature: str = ""
 
     def expected(self, fixes: Variant, device: str) -> Outcome:
         for rule in self.expects:
@@ -102,9 +110,27 @@ class Scenario:
                 return rule.outcome.on(device)
         return Outcome.PASS
 
+    def signed(self, evidence: str, device: str) -> bool:
+        """The evidence shows this scenario's documented failure (its signatures)."""
+        both = not self.signature or re.search(self.signature, evidence) is not None
+        cpu = device != "cpu" or not self.cpu_signature
+        return both and (cpu or re.search(self.cpu_signature, evidence) is not None)
+
     def documented(self, device: str) -> frozenset[Outcome]:
         """The failure classes this scenario's record names on `device` (for --symptom)."""
         return frozenset(r.outcome.on(device) for r in self.expects) - {Outcome.PASS}
+
+
+@dataclass(frozen=True, slots=True)
+class Fold:
+    """A fold rule (repro/fold.py): in `files`, the `names` carry `part`'s switch (a Triton
+    constexpr, a launcher's keyword, a field of a kernel's switches), so the checkout removes
+    each parameter, field and keyword so named and folds every other use to the part's value.
+    Only where the `Fix.PART in fixes` pattern does not reach."""
+
+    part: Fix
+    names: tuple[str, ...]
+    files: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +148,8 @@ class BugRecord:
     # where each fix part sits upstream (file and function, in words: no upstream code here)
     anchors: tuple[tuple[Fix, str], ...] = ()
     history: str = ""  # the bug's relatives and follow-ups upstream
+    # switches that travel as names (constexprs, launcher keywords): `repro checkout` folds them
+    folds: tuple[Fold, ...] = ()
 
     @property
     def buggy_variant(self) -> Variant:

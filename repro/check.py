@@ -222,6 +222,7 @@ class Finding:
     first: Result
     again: Result | None
     documented: frozenset[Outcome] | None  # --symptom: the classes that count
+    signed: bool = True  # --symptom: the evidence matches the scenario's failure signature
 
     @property
     def flaky(self) -> bool:
@@ -230,7 +231,8 @@ class Finding:
     @property
     def counted(self) -> bool:
         o = self.first.outcome
-        return not self.flaky and (self.documented is None or o in self.documented)
+        documented = self.documented is None or (o in self.documented and self.signed)
+        return not self.flaky and documented
 
     def describe(self) -> str:
         o = self.first.outcome.value
@@ -239,6 +241,8 @@ class Finding:
         if self.flaky:
             return f"{o}, then {self.again.outcome.value} on a second run: flaky, not counted"
         confirmed = ", confirmed by a second run" if self.again is not None else ""
+        if not self.counted and self.first.outcome in self.documented:
+            return f"{o}{confirmed}; its evidence lacks the failure's signature: a mismatch"
         if not self.counted:
             shown = ", ".join(sorted(d.value for d in self.documented))
             return f"{o}{confirmed}; not its documented symptom ({shown}): not counted"
@@ -270,6 +274,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             r,
             again.get(r.job),
             p.bug.scenario(r.job.scenario).documented(p.device) if args.symptom else None,
+            p.bug.scenario(r.job.scenario).signed(r.evidence, p.device),
         )
         for r in first
     ]

@@ -15,12 +15,36 @@ from collections.abc import Sequence
 
 from harness.fixes import UsageError
 from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED, EXIT_USAGE
-from repro import bench, check, detectors, fuzz, info, matrix, mutants, report, serve
+from repro import (
+    bench,
+    check,
+    checkout,
+    detectors,
+    export,
+    fuzz,
+    info,
+    matrix,
+    mutants,
+    report,
+    serve,
+)
 from repro.common import check_environment, time_limit
 
 # the modules that register subcommands, in the order --help lists them (imported here, so that
 # a tree whose modules or records do not import is told apart from a command that breaks)
-SUBCOMMANDS = (info, check, matrix, fuzz, detectors, mutants, serve, bench, report)
+SUBCOMMANDS = (
+    info,
+    check,
+    matrix,
+    fuzz,
+    detectors,
+    mutants,
+    serve,
+    bench,
+    report,
+    checkout,
+    export,
+)
 
 
 class _Parser(argparse.ArgumentParser):

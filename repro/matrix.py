@@ -60,10 +60,11 @@ class Cell:
     result: Result
     variant: str
     expected: Outcome
+    signed: bool = True  # a failure's evidence matches the scenario's signature
 
     @property
     def ok(self) -> bool:
-        return self.result.outcome == self.expected
+        return self.result.outcome == self.expected and self.signed
 
 
 def _variants(bug: BugRecord, each_part: bool) -> list[Variant]:
@@ -152,8 +153,11 @@ def _jobs(bug: BugRecord, fixes: Variant, device: str, repeat: int, cap: float |
 
 
 def _cell(bug: BugRecord, r: Result) -> Cell:
-    expected = bug.scenario(r.job.scenario).expected(r.job.fixes, r.job.device)
-    return Cell(r, describe(r.job.fixes, bug.fix_parts), expected)
+    scenario = bug.scenario(r.job.scenario)
+    expected = scenario.expected(r.job.fixes, r.job.device)
+    judged = r.job.fixes == bug.buggy_variant and expected != Outcome.PASS
+    signed = not judged or scenario.signed(r.evidence, r.job.device)
+    return Cell(r, describe(r.job.fixes, bug.fix_parts), expected, signed)
 
 
 def _progress(records: dict[Job, BugRecord], files: _Files):
@@ -164,6 +168,8 @@ def _progress(records: dict[Job, BugRecord], files: _Files):
         cell = _cell(records[r.job], r)
         files.add(cell)
         mark = "ok" if cell.ok else f"UNEXPECTED (expected {cell.expected.value})"
+        if r.outcome == cell.expected and not cell.signed:
+            mark = "MISMATCH (the right class without the failure's signature)"
         scenario_s = "" if r.scenario_seconds is None else f" (scenario {r.scenario_seconds:.2f}s)"
         print(
             f"[{done[0]:>3}/{total}] {r.job.bug} {cell.variant} {_where(r.job)} "

@@ -74,3 +74,7 @@ def get(bug_id: str) -> BugRecord:
             return bug
     valid = ", ".join(b.id for b in BUGS)
     raise UsageError(f"unknown bug id {bug_id!r}; valid ids: {valid}")
+
+
+# Retired bugs (id, why): `repro query` lists them as deprecated; their ids are never reused.
+RETIRED: tuple[tuple[str, str], ...] = ()

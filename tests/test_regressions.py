@@ -61,6 +61,12 @@ def test_scenario_shows_expected_outcome(device, isolator, bug, scenario, fixes)
         f"{bug.id}/{scenario.name} [{describe(fixes, bug.fix_parts)}, {device}]: "
         f"{result.outcome.value}, expected {expected.value}\n{result.evidence}"
     )
+    if fixes == bug.buggy_variant and expected != Outcome.PASS:  # the failure's signature
+        assert scenario.signed(result.evidence, device), (
+            f"{bug.id}/{scenario.name} [buggy, {device}]: {expected.value} without its "
+            f"signature ({scenario.signature or '-'}; cpu {scenario.cpu_signature or '-'})\n"
+            f"{result.evidence}"
+        )
 
 
 @pytest.mark.parametrize("bug", _bugs())

@@ -57,14 +57,6 @@ from kernels.moe_lora_align import AlignFixes
 from kernels.paged_attention import reshape_and_cache, zero_kv_blocks
 
 FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
-# The switches of kernels/moe_lora_align.AlignFixes, in order.
-ALIGN_PARTS = (
-    Fix.MOE_ALIGN_GRID_PLUS_ONE,
-    Fix.MOE_ALIGN_OOB_GUARD,
-    Fix.MOE_ALIGN_SORT_ADAPTER_CHECK,
-)
-# The switches of kernels/fused_moe_lora.ConsumerFixes, in order.
-CONSUMER_PARTS = (Fix.MOE_LORA_GRID_PLUS_ONE, Fix.MOE_LORA_ID_GUARD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +150,15 @@ class ModelRunner:
         self.model.fixes = self.fixes
         self.model.moe = MoEConfig(
             "cuda" if self.device == "cuda" else "triton",
-            AlignFixes(*(part in self.fixes for part in ALIGN_PARTS)),
-            consumer=ConsumerFixes(*(part in self.fixes for part in CONSUMER_PARTS)),
+            AlignFixes(
+                grid_plus_one=Fix.MOE_ALIGN_GRID_PLUS_ONE in self.fixes,
+                oob_guard=Fix.MOE_ALIGN_OOB_GUARD in self.fixes,
+                sort_adapter_check=Fix.MOE_ALIGN_SORT_ADAPTER_CHECK in self.fixes,
+            ),
+            consumer=ConsumerFixes(
+                grid_plus_one=Fix.MOE_LORA_GRID_PLUS_ONE in self.fixes,
+                id_guard=Fix.MOE_LORA_ID_GUARD in self.fixes,
+            ),
         )
         pages = c.decode_backend == "trtllm"
         backend = FlashMLABackend(c.num_splits, c.max_model_len, self.device, pages)

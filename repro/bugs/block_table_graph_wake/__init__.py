@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fold, Scenario
 
 REFRESH = Fix.BLOCK_TABLE_REFRESH_IN_PLACE
 REINIT = Fix.BLOCK_TABLE_REINIT_ON_WAKE  # block_table_wake's part: this one refines it
@@ -40,8 +40,15 @@ def _replay_after_wake(name: str, mode: str) -> Scenario:
             sleep_levels=(1, 2),
             wakes=("all at once", "staged"),
         ),
+        cpu_signature=r'kernels/block_table\.py", line \d+ in _gather_block_tables_kernel\b',
     )
 
+
+# where the switches travel as names (repro checkout folds them; repro/fold.py)
+FOLD_FILES = (
+    "harness/runner/block_table.py",
+    "harness/runner/model_runner.py",
+)
 
 RECORD = BugRecord(
     id="block_table_graph_wake",
@@ -66,6 +73,7 @@ RECORD = BugRecord(
         _replay_after_wake("piecewise_replay_after_wake", "PIECEWISE"),
     ),
     package=__name__,
+    folds=(Fold(REFRESH, ("in_place",), FOLD_FILES),),
     anchors=(
         (
             REFRESH,

@@ -34,6 +34,7 @@ RECORD = BugRecord(
             "generate_sleep_wake_generate",
             (Expect(frozenset({Fix.BLOCK_TABLE_REINIT_ON_WAKE}), ILLEGAL),),
             axes=Axes(graph_modes=("NONE",), sleep_levels=(1, 2), wakes=WAKES),
+            cpu_signature='kernels/block_table\\.py", line \\d+ in _gather_block_tables_kernel\\b',
         ),
     ),
     package=__name__,

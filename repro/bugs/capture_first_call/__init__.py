@@ -44,18 +44,21 @@ RECORD = BugRecord(
             (Expect(frozenset({PART}), FAILS),),
             timeout_s=300.0,
             axes=Axes(graph_modes=("FULL_AND_PIECEWISE",), capture_sizes=(4, 8), steps_per_size=2),
+            signature="operation not permitted when stream is capturing",
         ),
         Scenario(
             "pure_full_capture",
             (Expect(frozenset({PART}), FAILS),),
             timeout_s=300.0,
             axes=Axes(graph_modes=("FULL",), capture_sizes=(4, 8), steps_per_size=2),
+            signature="operation not permitted when stream is capturing",
         ),
         Scenario(
             "lora_case_capture",
             (Expect(frozenset({PART}), FAILS),),
             timeout_s=300.0,
             axes=LORA_CASE_AXES,
+            signature="operation not permitted when stream is capturing",
         ),
         Scenario(
             "piecewise_capture",

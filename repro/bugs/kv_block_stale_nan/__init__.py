@@ -18,6 +18,7 @@ from harness.record import WAKES, Axes, BugRecord, Expect, Scenario
 
 PART = Fix.ZERO_NEW_KV_BLOCKS
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)  # NaN logits: 0 x NaN on every device
+NAN_LOGITS = r"logits vs .*: .*\bnan vs "  # the signature: logits that are NaN, not merely off
 
 RECORD = BugRecord(
     id="kv_block_stale_nan",
@@ -47,11 +48,13 @@ RECORD = BugRecord(
             "recycled_state_block",
             (Expect(frozenset({PART}), WRONG),),
             axes=Axes(graph_modes=("NONE",)),
+            signature=NAN_LOGITS,
         ),
         Scenario(
             "fresh_blocks_after_wake",
             (Expect(frozenset({PART}), WRONG),),
             axes=Axes(graph_modes=("NONE",), sleep_levels=(1, 2), wakes=WAKES[:2]),
+            signature=NAN_LOGITS,
         ),
     ),
     package=__name__,

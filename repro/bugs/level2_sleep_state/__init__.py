@@ -37,6 +37,7 @@ RECORD = BugRecord(
             "sleep_wake_normalizer",
             (Expect(frozenset({Fix.SLEEP_SAVED_BUFFERS}), WRONG),),
             axes=Axes(graph_modes=("NONE",), sleep_levels=(1, 2), wakes=WAKES),
+            signature="the normalizer buffer vs the config: \\d+/\\d+ differ",
         ),
     ),
     package=__name__,

@@ -11,13 +11,23 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Scenario
+from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Fold, Scenario
 
 GRID = Fix.MOE_ALIGN_GRID_PLUS_ONE
 GUARD = Fix.MOE_ALIGN_OOB_GUARD
 SORT_CHECK = Fix.MOE_ALIGN_SORT_ADAPTER_CHECK
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)  # CPU: the interpreter's wild read, SIGSEGV
+
+# where the switches travel as names (repro checkout folds them; repro/fold.py)
+FOLD_FILES = (
+    "kernels/moe_lora_align.py",
+    "harness/runner/model_runner.py",
+    "repro/bugs/moe_align_grid/scenarios.py",
+    "csrc/moe_lora_align.h",
+    "csrc/moe_lora_align.cu",
+    "csrc/moe_lora_align_bindings.cpp",
+)
 
 RECORD = BugRecord(
     id="moe_align_grid",
@@ -36,16 +46,19 @@ RECORD = BugRecord(
             "last_slot_rows",
             (Expect(frozenset({GRID}), WRONG),),
             axes=Axes(adapters=("enabled", "absent")),
+            signature="sorted_token_ids: \\d+/\\d+ differ",
         ),
         Scenario(
             "upstream_sizes",
             (Expect(frozenset({GRID}), WRONG),),
             axes=Axes(adapters=("enabled", "absent")),
+            signature="sorted_token_ids: \\d+/\\d+ differ",
         ),
         Scenario(
             "consumer_poisoned",
             (Expect(frozenset({GRID}), ILLEGAL),),
             axes=Axes(adapters=("enabled", "absent")),
+            cpu_signature='kernels/fused_moe_lora\\.py", line \\d+ in _fused_moe_lora_kernel\\b',
         ),
         Scenario(
             "oob_lora_id",
@@ -63,24 +76,33 @@ RECORD = BugRecord(
             "disabled_adapter",
             (Expect(frozenset({SORT_CHECK, GRID}), WRONG),),
             axes=Axes(adapters=("enabled", "disabled", "absent")),
+            signature="sorted_token_ids: \\d+/\\d+ differ",
         ),
         Scenario(
             "triton_twin",
             (Expect(frozenset({GRID, GUARD, SORT_CHECK}), WRONG),),
             axes=Axes(adapters=("enabled", "disabled", "absent")),
+            signature="sorted_token_ids: \\d+/\\d+ differ",
         ),
         Scenario(
             "runner_mixed_batch",
             (Expect(frozenset({GRID}), ILLEGAL),),
             axes=Axes(graph_modes=("NONE",), adapters=("enabled", "absent")),
+            cpu_signature='kernels/fused_moe_lora\\.py", line \\d+ in _fused_moe_lora_kernel\\b',
         ),
         Scenario(
             "runner_adapter_states",
             (Expect(frozenset({GRID}), ILLEGAL),),
             axes=Axes(graph_modes=("NONE",), adapters=ADAPTER_STATES),
+            cpu_signature='kernels/fused_moe_lora\\.py", line \\d+ in _fused_moe_lora_kernel\\b',
         ),
     ),
     package=__name__,
+    folds=(
+        Fold(GRID, ("grid_plus_one",), FOLD_FILES),
+        Fold(GUARD, ("oob_guard", "FIXED_OOB_GUARD"), FOLD_FILES),
+        Fold(SORT_CHECK, ("sort_adapter_check", "FIXED_SORT_ADAPTER_CHECK"), FOLD_FILES),
+    ),
     anchors=(
         (
             GRID,

@@ -81,7 +81,11 @@ def make_batch(
 
 
 def align_fixes(ctx: Context) -> AlignFixes:
-    return AlignFixes(GRID in ctx.fixes, GUARD in ctx.fixes, SORT_CHECK in ctx.fixes)
+    return AlignFixes(
+        grid_plus_one=GRID in ctx.fixes,
+        oob_guard=GUARD in ctx.fixes,
+        sort_adapter_check=SORT_CHECK in ctx.fixes,
+    )
 
 
 _TWIN_ONLY = False  # set by triton_twin, in its own child

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Scenario
+from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Fold, Scenario
 
 GRID = Fix.MOE_LORA_GRID_PLUS_ONE
 GUARD = Fix.MOE_LORA_ID_GUARD
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
+
+# where the switches travel as names (repro checkout folds them; repro/fold.py)
+FOLD_FILES = (
+    "kernels/fused_moe_lora.py",
+    "harness/runner/model_runner.py",
+    "repro/bugs/moe_lora_consumer_grid/scenarios.py",
+)
 
 RECORD = BugRecord(
     id="moe_lora_consumer_grid",
@@ -37,6 +44,7 @@ RECORD = BugRecord(
             "runner_mixed_batch",
             (Expect(frozenset({GRID}), WRONG),),
             axes=Axes(graph_modes=("FULL",), capture_sizes=(8,), adapters=("enabled", "absent")),
+            signature="eager hidden states vs reference: \\d+/\\d+ differ",
         ),
         Scenario(
             "runner_adapter_states",
@@ -47,11 +55,13 @@ RECORD = BugRecord(
                 steps_per_size=2,
                 adapters=ADAPTER_STATES,
             ),
+            signature="eager hidden states vs reference: \\d+/\\d+ differ",
         ),
         Scenario(
             "last_slot_pairs",
             (Expect(frozenset({GRID}), WRONG),),
             axes=Axes(adapters=("enabled", "disabled", "absent")),
+            signature="shrink output: \\d+/\\d+ differ",
         ),
         Scenario(
             "stray_lora_id",
@@ -67,6 +77,10 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    folds=(
+        Fold(GRID, ("grid_plus_one",), FOLD_FILES),
+        Fold(GUARD, ("id_guard", "ID_GUARD"), FOLD_FILES),
+    ),
     anchors=(
         (
             GRID,

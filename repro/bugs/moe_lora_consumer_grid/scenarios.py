@@ -26,7 +26,7 @@ SHRINK_PREFILL, EXPAND_PREFILL = -7.0, -5.0  # sentinels: rows no program may wr
 
 
 def consumer_fixes(ctx: Context) -> ConsumerFixes:
-    return ConsumerFixes(GRID in ctx.fixes, GUARD in ctx.fixes)
+    return ConsumerFixes(grid_plus_one=GRID in ctx.fixes, id_guard=GUARD in ctx.fixes)
 
 
 def _ints(gen: torch.Generator, *shape: int) -> torch.Tensor:

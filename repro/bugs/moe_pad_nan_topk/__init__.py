@@ -15,12 +15,20 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fold, Scenario
 
 PART = Fix.MOE_GATE_NAN_CLAMP
 # GPU: the finalize's gather at row 2^31 - 1, far past any allocation; CPU: the interpreter's
 # wild read of the same address, SIGSEGV
 ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)
+
+# where the switches travel as names (repro checkout folds them; repro/fold.py)
+FOLD_FILES = (
+    "kernels/topk_gate.py",
+    "harness/runner/model.py",
+    "repro/bugs/moe_pad_nan_topk/scenarios.py",
+    "repro/sentinels.py",
+)
 
 RECORD = BugRecord(
     id="moe_pad_nan_topk",
@@ -48,14 +56,17 @@ RECORD = BugRecord(
         Scenario(
             "nan_padding_rows",
             (Expect(frozenset({PART}), ILLEGAL),),
+            cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
         Scenario(
             "piecewise_padded_decode",
             (Expect(frozenset({PART}), ILLEGAL),),
             axes=Axes(graph_modes=("PIECEWISE",), capture_sizes=(4,), steps_per_size=2),
+            cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
     ),
     package=__name__,
+    folds=(Fold(PART, ("clamp_nonfinite", "CLAMP_NONFINITE"), FOLD_FILES),),
     anchors=(
         (
             PART,

@@ -48,11 +48,13 @@ RECORD = BugRecord(
                 sleep_levels=(1, 2),
                 wakes=("staged", "staged, kv_cache first"),
             ),
+            cpu_signature='harness/runner/block_table\\.py", line \\d+ in set_row\\b',
         ),
         Scenario(
             "idle_dp_rank_dummy_batch",
             (Expect(frozenset({PART}), ILLEGAL),),
             axes=Axes(graph_modes=("NONE",), sleep_levels=(1,), wakes=("staged",)),
+            cpu_signature='harness/runner/block_table\\.py", line \\d+ in run_now\\b',
         ),
     ),
     package=__name__,

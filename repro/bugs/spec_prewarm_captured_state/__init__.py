@@ -73,6 +73,7 @@ RECORD = BugRecord(
             ),
             timeout_s=300.0,
             axes=Axes(graph_modes=("FULL_AND_PIECEWISE",), capture_sizes=(4, 8), steps_per_size=2),
+            cpu_signature='kernels/split_kv_attention\\.py", line \\d+ in _split_kv_kernel\\b',
         ),
     ),
     package=__name__,
