@@ -8,7 +8,7 @@ output of `repro export BUG fix.buggy_lines`) it prints the best rank a fix line
 
     repro checkout kv_block_stale_nan --variant buggy /tmp/b
     repro export kv_block_stale_nan fix.buggy_lines > /tmp/truth
-    cd /tmp/b && python examples/ochiai.py --truth /tmp/truth \\
+    cd /tmp/b && python -m repro.ochiai --truth /tmp/truth \\
         --fail kv_block_stale_nan:recycled_state_block --pass kernel_block_size:SCENARIO
 """
 
@@ -64,7 +64,7 @@ def trace(target: str) -> None:
 
 def spectrum(target: str) -> tuple[str, set[str]]:
     proc = subprocess.run(
-        [sys.executable, __file__, "--trace", target],
+        [sys.executable, "-m", "repro.ochiai", "--trace", target],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
