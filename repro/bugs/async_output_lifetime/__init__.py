@@ -20,6 +20,9 @@ from harness.record import Axes, BugRecord, Expect, Scenario
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 PART = Fix.ASYNC_OUTPUT_KEEP_REF
 
+# the signature: step 0 read another step's tokens
+SIGNATURE = r"step 0 tokens of A, B: \d+/\d+ differ"
+
 RECORD = BugRecord(
     id="async_output_lifetime",
     title="Async output: sampled tokens freed before their copy-stream download reads them",
@@ -46,6 +49,7 @@ RECORD = BugRecord(
             "steps_in_flight_back_to_back",
             (Expect(frozenset({PART}), WRONG),),
             axes=Axes(graph_modes=("NONE",)),
+            signature=SIGNATURE,
         ),
     ),
     package=__name__,

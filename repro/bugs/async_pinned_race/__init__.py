@@ -21,6 +21,9 @@ from harness.record import Axes, BugRecord, Expect, Scenario
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 PART = Fix.ASYNC_PINNED_REUSE_WAIT
 
+# the signature: step 0 sampled under another step's mask rows
+SIGNATURE = r"step 0 tokens of A \(allowed .*\), B: \d+/\d+ differ"
+
 RECORD = BugRecord(
     id="async_pinned_race",
     title="Async scheduling: a step's upload reads a reused pinned tensor the next step rewrote",
@@ -48,6 +51,7 @@ RECORD = BugRecord(
             "restricted_step_then_next_update",
             (Expect(frozenset({PART}), WRONG),),
             axes=Axes(graph_modes=("NONE",)),
+            signature=SIGNATURE,
         ),
     ),
     package=__name__,

@@ -20,6 +20,9 @@ PART = Fix.ASYNC_PLACEHOLDER_HOST_FILL
 # the embedding's gather: a device-side assert on the GPU, "index out of range in self" on the CPU
 ASSERT = ByDevice.both(Outcome.DEVICE_ASSERT)
 
+# the signature on the CPU: the embedding's gather of a -1 placeholder
+SIGNATURE = r"index out of range[\s\S]*harness/runner/model\.py:\d+ in _embed_base\b"
+
 RECORD = BugRecord(
     id="async_placeholder_leak",
     title="Async scheduling: a resumed request's -1 placeholders reach the embedding",
@@ -48,6 +51,7 @@ RECORD = BugRecord(
             "resumed_after_preemption",
             (Expect(frozenset({PART}), ASSERT),),
             axes=Axes(graph_modes=("NONE",)),
+            cpu_signature=SIGNATURE,
         ),
     ),
     package=__name__,

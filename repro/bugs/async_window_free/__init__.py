@@ -21,6 +21,9 @@ PART = Fix.ASYNC_WINDOW_FREE_PROCESSED
 # the null block holds NaN (poison) on both devices: attention reads it, the logits are NaN
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 
+# the signature: NaN logits (the null block's bytes), not merely off
+SIGNATURE = r"logits at positions .* vs reference: .*\bnan vs "
+
 RECORD = BugRecord(
     id="async_window_free",
     title="Async scheduling frees sliding-window blocks on the optimistic token count",
@@ -48,6 +51,7 @@ RECORD = BugRecord(
             "rejected_drafts_after_window_free",
             (Expect(frozenset({PART}), WRONG),),
             axes=Axes(graph_modes=("NONE",)),
+            signature=SIGNATURE,
         ),
     ),
     package=__name__,
