@@ -1,14 +1,17 @@
 """Lazy build of the CUDA C++ extensions in csrc/ with torch.utils.cpp_extension.
 
 Each extension is compiled once into a cache directory ($REPRO_CACHE_DIR, default
-~/.cache/repro) keyed by torch and CUDA versions. A build newer than every file in csrc/ and than
-this file is imported directly: importing torch.utils.cpp_extension costs a scenario child
-about a second and queries CUDA, which a fork server must never do.
+~/.cache/repro) keyed by torch and CUDA versions, in a folder named by a hash of the sources
+(every file in csrc/ and this file): trees whose sources differ (a bisect's commits, `repro
+checkout`'s buggy and fixed trees) never load each other's builds, trees whose sources agree
+share one. A finished build is imported directly: importing torch.utils.cpp_extension costs a
+scenario child about a second and queries CUDA, which a fork server must never do.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -57,20 +60,26 @@ def _arch_list() -> str | None:
     return ";".join(sorted(set(caps))) or None
 
 
+@functools.cache
+def _build_folder(name: str) -> str:
+    """`name` and a hash of the sources every extension is built from."""
+    digest = hashlib.sha256()
+    for path in sorted([*CSRC.iterdir(), Path(__file__)]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"{name}-{digest.hexdigest()[:16]}"
+
+
 def _fresh_build(name: str, directory: Path | None = None) -> Path | None:
-    """The built library of `name` if it is newer than its inputs and no build of it is under
-    way: torch's build holds a `lock` file in the build directory while it compiles and links,
-    and a library being linked there can look fresh but be cut short ("file too short", seen
-    when several test workers built it at once); such a caller goes through torch's build,
-    which waits for the lock."""
-    build = (directory or cache_dir()) / name
+    """The built library of `name` for these sources if no build of it is under way: torch's
+    build holds a `lock` file in the build directory while it compiles and links, and a
+    library being linked there can look finished but be cut short ("file too short", seen when
+    several test workers built it at once); such a caller goes through torch's build, which
+    waits for the lock."""
+    build = (directory or cache_dir()) / _build_folder(name)
     built = build / f"repro_{name}.so"
-    inputs = [*CSRC.iterdir(), Path(__file__)]
     if (build / "lock").exists() or not built.exists():
         return None
-    if built.stat().st_mtime > max(p.stat().st_mtime for p in inputs):
-        return built
-    return None
+    return built
 
 
 def _import_library(path: Path, module_name: str) -> ModuleType:
@@ -98,7 +107,7 @@ def load(name: str, verbose: bool = False) -> ModuleType:
     arch = _arch_list()
     if arch:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch
-    build = cache_dir() / name
+    build = cache_dir() / _build_folder(name)
     build.mkdir(parents=True, exist_ok=True)
     stubs = Path(cpp_extension.CUDA_HOME) / "lib64" / "stubs"
     driver = [f"-L{stubs}", "-lcuda"] if name in DRIVER_API else []
@@ -116,5 +125,4 @@ def load(name: str, verbose: bool = False) -> ModuleType:
         )
     except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
         raise BuildError(f"building csrc extension {name} failed: {e}") from e
-    os.utime(module.__file__)  # fresh now, even where ninja found nothing to rebuild
     return module

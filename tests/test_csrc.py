@@ -2,31 +2,37 @@
 
 from __future__ import annotations
 
-import os
-
 from kernels import csrc
 
 
-def test_builds_are_fresh_only_when_newer_than_every_input(monkeypatch, tmp_path) -> None:
+def test_builds_are_found_by_the_hash_of_their_sources(monkeypatch, tmp_path) -> None:
+    """A build is used only by trees of the same sources: a checkout or a bisect step whose
+    csrc/ differs builds (and loads) its own, never another tree's library."""
     monkeypatch.setenv("REPRO_CACHE_DIR", str(tmp_path))
     assert not csrc.all_fresh("9.9.9", "99.0"), "nothing is built yet"
     directory = csrc.cache_dir("9.9.9", "99.0")
-    newest = max(p.stat().st_mtime for p in [*csrc.CSRC.iterdir(), csrc.Path(csrc.__file__)])
     for name in csrc.EXTENSIONS:
-        built = directory / name / f"repro_{name}.so"
+        built = directory / csrc._build_folder(name) / f"repro_{name}.so"
         built.parent.mkdir(parents=True)
         built.touch()
-        os.utime(built, (newest + 10, newest + 10))
     assert csrc.all_fresh("9.9.9", "99.0")
     assert not csrc.all_fresh("9.9.8", "99.0"), "another torch, another build"
-    stale = newest - 10  # older than the newest input, whatever the checkout's mtimes
-    first = directory / next(iter(csrc.EXTENSIONS))
-    os.utime(next(first.iterdir()), (stale, stale))
-    assert not csrc.all_fresh("9.9.9", "99.0"), "an input newer than a build makes it stale"
-    os.utime(next(first.iterdir()), (newest + 10, newest + 10))
-    assert csrc.all_fresh("9.9.9", "99.0")
-    (first / "lock").touch()  # torch's build of it is under way: the library may be cut short
+    first = next(iter(csrc.EXTENSIONS))
+    (directory / csrc._build_folder(first) / "lock").touch()  # torch's build is under way
     assert not csrc.all_fresh("9.9.9", "99.0"), "a build under way is not fresh"
+    (directory / csrc._build_folder(first) / "lock").unlink()
+    other = tmp_path / "tree"  # the same sources but one edited line (a folded switch)
+    (other / "csrc").mkdir(parents=True)
+    for path in csrc.CSRC.iterdir():
+        (other / "csrc" / path.name).write_bytes(path.read_bytes())
+    edited = other / "csrc" / "moe_lora_align.cu"
+    edited.write_text(edited.read_text() + "\n// edited\n")
+    monkeypatch.setattr(csrc, "CSRC", other / "csrc")
+    csrc._build_folder.cache_clear()
+    try:
+        assert not csrc.all_fresh("9.9.9", "99.0"), "other sources, another build"
+    finally:
+        csrc._build_folder.cache_clear()
 
 
 def test_the_cli_names_the_cache_the_children_build_in() -> None:
