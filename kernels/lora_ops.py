@@ -32,7 +32,11 @@ import triton.language as tl
 from kernels import FLOAT_DTYPES, require_dtype
 
 Launch = Callable[..., None]
-BLOCK_M, BLOCK_N, BLOCK_K = 16, 16, 32
+BLOCK_M, BLOCK_K = 16, 32
+# NOTE: the N tile spans the rank (shrink) or a slice's width (expand); upstream's default
+# configs take wide N tiles for expand. Wider tiles mean fewer programs: each program costs the
+# interpreter (CPU runs) about as much whatever its tile, and the GPU computes the same sums.
+SHRINK_BLOCK_N, EXPAND_BLOCK_N = 32, 64
 
 
 def launch_now(fn: Callable[..., object], *args: object, **kwargs: object) -> None:
@@ -112,7 +116,7 @@ def lora_shrink(
     require_dtype(FLOAT_DTYPES, x=x, buffer=buffer)
     require_dtype((x.dtype,), lora_a=lora_a)
     m_tiles = triton.cdiv(num_tokens, BLOCK_M)
-    grid = (m_tiles * triton.cdiv(rank, BLOCK_N), num_slices, programs)
+    grid = (m_tiles * triton.cdiv(rank, SHRINK_BLOCK_N), num_slices, programs)
     launch(
         on_grid(_lora_shrink_kernel, grid),
         x,
@@ -129,7 +133,7 @@ def lora_shrink(
         rank,
         hidden,
         BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=SHRINK_BLOCK_N,
         BLOCK_K=BLOCK_K,
     )
 
@@ -152,7 +156,7 @@ def lora_expand(
     require_dtype(FLOAT_DTYPES, buffer=buffer, lora_b=lora_b)
     require_dtype((lora_b.dtype,), y=y)
     m_tiles = triton.cdiv(num_tokens, BLOCK_M)
-    grid = (m_tiles * triton.cdiv(width, BLOCK_N), num_slices, programs)
+    grid = (m_tiles * triton.cdiv(width, EXPAND_BLOCK_N), num_slices, programs)
     launch(
         on_grid(_lora_expand_kernel, grid),
         buffer,
@@ -169,7 +173,7 @@ def lora_expand(
         width,
         rank,
         BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=EXPAND_BLOCK_N,
         BLOCK_K=BLOCK_K,
     )
 

@@ -27,6 +27,7 @@ from kernels import FLOAT_DTYPES, require_dtype
 BLOCK_P = 32
 BLOCK_Q = 16  # query tokens of one row per tile
 MIN_DOT = 16  # tl.dot's smallest extent
+CACHE_TILE = 4096  # elements of a cache write's tile, at most
 FP8_KV_CACHE = torch.float8_e4m3fn  # upstream's current_platform.fp8_dtype() on CUDA
 FP8_MIN_ARCH = 89  # Triton's fp8e4nv (e4m3) exists from sm_89 on
 
@@ -132,7 +133,11 @@ def reshape_and_cache(
     require_dtype((key.dtype,), value=value)
     k_scale, v_scale = kv_scale_args(key.dtype, k_cache, v_cache, k_scale, v_scale)
     width = heads * dim
-    _reshape_and_cache_kernel[(num_tokens,)](
+    width_pad = triton.next_power_of_2(width)
+    # NOTE: BLOCK_T tokens a program, a tile of at most CACHE_TILE elements: few programs for
+    # the interpreter (each costs it alike), upstream's widths (32 heads x 128) one token each
+    block_t = max(1, min(BLOCK_Q, CACHE_TILE // width_pad))
+    _reshape_and_cache_kernel[(triton.cdiv(num_tokens, block_t),)](
         key,
         value,
         k_cache,
@@ -140,8 +145,10 @@ def reshape_and_cache(
         slot_mapping,
         k_scale,
         v_scale,
+        num_tokens,
         WIDTH=width,
-        WIDTH_PAD=triton.next_power_of_2(width),
+        WIDTH_PAD=width_pad,
+        BLOCK_T=block_t,
         num_warps=num_warps,
     )
 
@@ -222,22 +229,27 @@ def _reshape_and_cache_kernel(
     slot_mapping_ptr,
     k_scale_ptr,
     v_scale_ptr,
+    num_tokens,
     WIDTH: tl.constexpr,
     WIDTH_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    slot = tl.load(slot_mapping_ptr + t)
+    ts = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    slot = tl.load(slot_mapping_ptr + ts, mask=ts < num_tokens, other=-1)
     cols = tl.arange(0, WIDTH_PAD)
-    # NOTE: slot -1 is a padding token; columns from WIDTH on pad the block to a power of two
-    keep = cols < tl.where(slot >= 0, WIDTH, 0)
-    slot = tl.maximum(slot, 0)
-    key = tl.load(key_ptr + t * WIDTH + cols, mask=keep)
-    value = tl.load(value_ptr + t * WIDTH + cols, mask=keep)
+    # NOTE: slot -1 is a padding token (as are the tile's rows past num_tokens); columns from
+    # WIDTH on pad the block to a power of two
+    keep = cols[None, :] < tl.where(slot >= 0, WIDTH, 0)[:, None]
+    slot = tl.maximum(slot, 0).to(tl.int64)
+    rows = ts.to(tl.int64)[:, None] * WIDTH + cols[None, :]
+    key = tl.load(key_ptr + rows, mask=keep)
+    value = tl.load(value_ptr + rows, mask=keep)
     if k_cache_ptr.dtype.element_ty.is_fp8():  # quantize; otherwise the cache holds the input
         key = key.to(tl.float32) / tl.load(k_scale_ptr)
         value = value.to(tl.float32) / tl.load(v_scale_ptr)
-    tl.store(k_cache_ptr + slot * WIDTH + cols, key.to(k_cache_ptr.dtype.element_ty), mask=keep)
-    tl.store(v_cache_ptr + slot * WIDTH + cols, value.to(v_cache_ptr.dtype.element_ty), mask=keep)
+    entries = slot[:, None] * WIDTH + cols[None, :]
+    tl.store(k_cache_ptr + entries, key.to(k_cache_ptr.dtype.element_ty), mask=keep)
+    tl.store(v_cache_ptr + entries, value.to(v_cache_ptr.dtype.element_ty), mask=keep)
 
 
 @triton.jit

@@ -293,8 +293,8 @@ CONTRACTS = (
         edits=(
             (
                 "kernels/paged_attention.py",
-                "keep = cols < tl.where(slot >= 0, WIDTH, 0)",
-                "keep = cols < WIDTH",
+                "keep = cols[None, :] < tl.where(slot >= 0, WIDTH, 0)[:, None]",
+                "keep = cols[None, :] < tl.where(ts < num_tokens, WIDTH, 0)[:, None]",
             ),
         ),
     ),

@@ -83,3 +83,42 @@ def test_install_is_idempotent_and_uninstall_restores() -> None:
     finally:
         interpret.install()
     assert interpreter._patch_lang is not installed  # a fresh closure, same behaviour
+
+
+@triton.jit
+def _wrap_and_copy(ints_ptr, out_ptr, x_ptr, y_ptr, N: tl.constexpr):
+    """int32 arithmetic that overflows (it wraps, as compiled Triton's does without debug), and
+    a copy through the load and store of x's dtype."""
+    i = tl.arange(0, N)
+    v = tl.load(ints_ptr + i)
+    tl.store(out_ptr + i, v * 3 + 2_000_000_000 - v)
+    tl.store(y_ptr + i, tl.load(x_ptr + i))
+
+
+def _wrapped(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    ints = torch.tensor([0, 1, 2**30, -(2**31), 2**31 - 1, 7, -5, 123456789], dtype=torch.int32)
+    x = torch.linspace(-3, 3, ints.numel()).to(dtype)
+    out, y = torch.zeros_like(ints), torch.zeros_like(x)
+    _wrap_and_copy[(1,)](ints, out, x, y, N=ints.numel())
+    return out, y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_overflow_checks_off_and_dtype_memo_keep_values(dtype: torch.dtype) -> None:
+    builder = interpreter.interpreter_builder
+    interpret.uninstall()
+    try:
+        assert builder.options.sanitize_overflow and not builder.options.debug
+        shipped = _wrapped(dtype)
+        interpret.install()
+        assert not builder.options.sanitize_overflow, "the dropped checks are still computed"
+        fast = _wrapped(dtype)
+    finally:
+        interpret.install()
+    ints = torch.tensor([0, 1, 2**30, -(2**31), 2**31 - 1, 7, -5, 123456789], dtype=torch.int64)
+    wrapped = (ints * 2 + 2_000_000_000 + 2**31) % 2**32 - 2**31  # int32 two's complement
+    assert torch.equal(shipped[0], wrapped.to(torch.int32))
+    assert torch.equal(fast[0], shipped[0]) and torch.equal(fast[1].float(), shipped[1].float())
+    interpret.uninstall()
+    assert builder.options.sanitize_overflow, "uninstall did not restore the options"
+    interpret.install()
