@@ -7,9 +7,12 @@ stream's work so far), main-stream work after one of their events (`on_main`), a
 host can `synchronize()` on or `query()`.
 
 The delay makes a race's losing order certain, on both devices:
-- GPU: a spin kernel (`torch.cuda._sleep(DELAY_CYCLES)`, some 200 ms on an H100) is enqueued on
-  the copy stream before each copy, so what the host does next (rewrite the copy's pinned
-  source, hand the copy's device source to the next step's kernels) comes first;
+- GPU: a gate (kernels/host_gate.py: a kernel that spins until the host writes its number into
+  a pinned flag) is enqueued on the copy stream before each copy, so what the host does next
+  (rewrite the copy's pinned source, hand the copy's device source to the next step's kernels)
+  comes first. The host opens a copy's gate when it waits for an event after it, as the CPU
+  runs the copy then, and first lets the main stream finish what it can (all its work, or up to
+  its first wait on a copy not yet opened): the GPU's order is the CPU's, not a race of times;
 - CPU: the copy stream's work is queued as closures and runs only when an event after it is
   synchronized, the main stream first running all it can before each of its items; main-stream
   work runs at once unless it waits on queued copy-stream work (then it queues too, in stream
@@ -18,6 +21,8 @@ The delay makes a race's losing order certain, on both devices:
 Without the delay the CPU runs everything at once: the winning order.
 NOTE: the CPU does not model the host syncs a GPU makes on its own (a synchronous host-to-device
 copy_ synchronizes the main stream): scenarios put their racing host write before any of them.
+A GPU host that syncs a main stream waiting on a closed gate waits until the gate's poll bound
+runs out (some seconds), then goes on: late, not stuck.
 """
 
 from __future__ import annotations
@@ -28,9 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.runner.cudagraph import Work, bound_work
-
-DELAY_CYCLES = 400_000_000  # ~200 ms at 1.98 GHz: far past a step's host work once warm (H100:
-# 0.2-5 ms; a process's first step took longer than 100 ms: the scenarios warm up first)
+from kernels.host_gate import wait_for_host
 
 
 @dataclass(eq=False, slots=True)
@@ -79,6 +82,7 @@ class Event:
     stream: _Stream | None = None  # CPU
     position: int = 0
     cuda: torch.cuda.Event | None = None  # GPU
+    gate: tuple[Streams, int] | None = None  # GPU: the copies' gates it needs opened
 
     def query(self) -> bool:
         """Complete? (never waits)"""
@@ -89,6 +93,8 @@ class Event:
     def synchronize(self) -> None:
         """The host waits until the event is complete (the CPU runs the work before it)."""
         if self.cuda is not None:
+            if self.gate is not None:
+                self.gate[0].open_gates(self.gate[1])
             self.cuda.synchronize()
         else:
             self.stream.run_until(self.position)
@@ -101,6 +107,10 @@ class Streams:
         self.device, self.delay = device, delay
         if device == "cuda":
             self.main, self.copy = torch.cuda.current_stream(), torch.cuda.Stream()
+            self.flag = torch.zeros(1, dtype=torch.int32).pin_memory()  # the gates opened
+            self.gates = 0  # gates enqueued, one per copy (with the delay)
+            # per main-stream wait on a copy: its gate, and the main stream's event before it
+            self.main_waits: list[tuple[int, torch.cuda.Event]] = []
         else:
             self.main = _Stream(False)
             self.copy = _Stream(delay, peer=self.main)
@@ -110,7 +120,21 @@ class Streams:
             return Event(stream, len(stream.work))
         event = torch.cuda.Event()
         event.record(stream)
-        return Event(cuda=event)
+        gated = stream is self.copy and self.gates > 0
+        return Event(cuda=event, gate=(self, self.gates) if gated else None)
+
+    def open_gates(self, upto: int) -> None:
+        """GPU: open the copies' gates up to number `upto`, each after the main stream ran what
+        it can before that copy (as the CPU's delayed stream lets its peer advance)."""
+        while int(self.flag[0]) < upto:
+            gate = int(self.flag[0]) + 1
+            self.main_waits = [(g, e) for g, e in self.main_waits if g >= gate]
+            before = [e for _, e in self.main_waits]
+            if before:
+                before[0].synchronize()  # main is held at a wait on this copy, or a later one
+            else:
+                self.main.synchronize()
+            self.flag[0] = gate
 
     def _on_copy(self, dst: torch.Tensor, src: torch.Tensor) -> Event:
         """dst <- src on the copy stream, after the delay when on; the event after it."""
@@ -119,7 +143,8 @@ class Streams:
             return self._record(self.copy)
         with torch.cuda.stream(self.copy):
             if self.delay:
-                torch.cuda._sleep(DELAY_CYCLES)
+                self.gates += 1
+                wait_for_host(self.flag, self.gates)
             dst.copy_(src, non_blocking=True)
         return self._record(self.copy)
 
@@ -139,6 +164,8 @@ class Streams:
         """`fn(*args)` on the main stream, after `after` (a device-side wait: the host does not
         block); the event after it."""
         if after is not None:
+            if after.gate is not None:
+                self.main_waits.append((after.gate[1], self._record(self.main).cuda))
             self.wait(self.main, after)
         if self.device == "cuda":
             fn(*args)
@@ -156,6 +183,8 @@ class Streams:
     def synchronize(self) -> None:
         """The host waits for both streams' work."""
         if self.device == "cuda":
+            if self.delay:
+                self.open_gates(self.gates)
             torch.cuda.synchronize()
             return
         for stream in (self.copy, self.main, self.copy):
