@@ -101,6 +101,11 @@ _SANITIZER_ERRORS = re.compile(
     r"=+ (?:ERROR SUMMARY: ([1-9]\d*) error|RACECHECK SUMMARY: .*?\(([1-9]\d*) error)"
 )
 _HOST_FAULTS = {signal.SIGSEGV, signal.SIGBUS}
+# A device assert prints its line (the device's printf, on the child's stdout), then traps. The
+# trap is read back as cudaErrorAssert, or on a shared GPU at times as the generic
+# cudaErrorLaunchFailure (H100, 2 of 800 asserting runs at 16 children at once, during a GPU-wide
+# stall): the printed line decides.
+_DEVICE_ASSERT_PRINTED = re.compile(r"block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\] Assertion `")
 
 
 def _gpu_error(text: str) -> Outcome | None:
@@ -196,7 +201,15 @@ def classify(child: ChildExit) -> Classified:
         )
     clean_exit = child.returncode == 0
     if child.report is not None and (clean_exit or child.report.get("status") != "pass"):
-        return _from_report(child.report)
+        found = _from_report(child.report)
+        printed = _DEVICE_ASSERT_PRINTED.search(child.stderr)
+        if found.outcome == Outcome.ILLEGAL_ADDRESS and printed:
+            line = child.stderr[child.stderr.rfind("\n", 0, printed.start()) + 1 :]
+            return Classified(
+                Outcome.DEVICE_ASSERT,
+                f"{found.evidence}\nthe device printed an assertion first:\n{line.splitlines()[0]}",
+            )
+        return found
     assert child.returncode is not None
     if clean_exit:
         return Classified(Outcome.ERROR, f"exit 0 without report\n{_tail(child.stderr)}")

@@ -16,6 +16,18 @@ TORCH_IMA = (
 )
 
 
+LAUNCH_FAILURE = {
+    "status": "exception",
+    "type": "AcceleratorError",
+    "message": "CUDA error: unspecified launch failure",
+    "origin": "code",
+}
+PRINTED_ASSERT = (
+    "/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1515: indexSelectSmallIndex: block: [0,0,0], "
+    "thread: [1,0,0] Assertion `srcIndex < srcSelectDimSize` failed."
+)
+
+
 def exited(code: int | None, report: dict | None = None, stderr: str = "", **kw) -> ChildExit:
     return ChildExit(code, code is None, report, stderr, **kw)
 
@@ -118,6 +130,9 @@ def exited(code: int | None, report: dict | None = None, stderr: str = "", **kw)
         (exited(None), Outcome.TIMEOUT),
         (exited(1, None, "Traceback...\nImportError: no module"), Outcome.ERROR),
         (exited(1, None, "/k.cu:12: Assertion `idx < n` failed."), Outcome.DEVICE_ASSERT),
+        # an assert's trap read back as the generic launch failure: the printed line decides
+        (exited(0, LAUNCH_FAILURE, PRINTED_ASSERT), Outcome.DEVICE_ASSERT),
+        (exited(0, LAUNCH_FAILURE, "warning: something else"), Outcome.ILLEGAL_ADDRESS),
         (exited(0, None), Outcome.ERROR),
         # a report of pass is not trusted when the process then died
         (exited(-signal.SIGABRT, {"status": "pass"}), Outcome.CRASH),
@@ -151,6 +166,12 @@ def exited(code: int | None, report: dict | None = None, stderr: str = "", **kw)
 )
 def test_classify(child: ChildExit, outcome: Outcome) -> None:
     assert classify(child).outcome == outcome
+
+
+def test_a_printed_assert_names_its_line_in_the_evidence() -> None:
+    evidence = classify(exited(0, LAUNCH_FAILURE, f"x\n{PRINTED_ASSERT}\ny")).evidence
+    assert evidence.startswith("AcceleratorError: CUDA error: unspecified launch failure")
+    assert evidence.endswith(PRINTED_ASSERT)
 
 
 @pytest.mark.parametrize(

@@ -54,31 +54,40 @@ def _main_after_upload(device: str) -> list[int]:
     return out.tolist()
 
 
-@pytest.mark.parametrize("copy", [_upload, _download], ids=["upload", "download"])
-def test_cpu_delayed_copy_loses_to_the_next_write(copy) -> None:
-    assert copy("cpu", delay=True, wait_first=False) == [NEW] * 3
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
+COPIES = pytest.mark.parametrize("copy", [_upload, _download], ids=["upload", "download"])
 
 
-@pytest.mark.parametrize("copy", [_upload, _download], ids=["upload", "download"])
-def test_cpu_event_waited_first_copies_the_old_bytes(copy) -> None:
-    assert copy("cpu", delay=True, wait_first=True) == [OLD] * 3
+@pytest.mark.parametrize("device", DEVICES)
+@COPIES
+def test_delayed_copy_loses_to_the_next_write(device, copy) -> None:
+    assert copy(device, delay=True, wait_first=False) == [NEW] * 3
 
 
-@pytest.mark.parametrize("copy", [_upload, _download], ids=["upload", "download"])
+@pytest.mark.parametrize("device", DEVICES)
+@COPIES
+def test_event_waited_first_copies_the_old_bytes(device, copy) -> None:
+    assert copy(device, delay=True, wait_first=True) == [OLD] * 3
+
+
+@COPIES
 def test_cpu_without_the_delay_a_copy_runs_at_once(copy) -> None:
-    """The winning order: nothing is deferred."""
+    """The winning order: nothing is deferred. (On a GPU it is the real race: either order.)"""
     assert copy("cpu", delay=False, wait_first=False) == [OLD] * 3
 
 
-def test_cpu_main_stream_work_waits_for_the_delayed_copy() -> None:
-    assert _main_after_upload("cpu") == [OLD] * 3
+@pytest.mark.parametrize("device", DEVICES)
+def test_main_stream_work_waits_for_the_delayed_copy(device) -> None:
+    assert _main_after_upload(device) == [OLD] * 3
 
 
-def test_cpu_queued_copy_does_not_keep_its_source_alive() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_queued_copy_does_not_keep_its_source_alive(device) -> None:
     """A deferred copy is bound to an alias of its source's storage, not to the tensor: the
     tensor dies (an allocator may hand its memory out) while the copy is still queued."""
-    streams = Streams("cpu", delay=True)
-    src, dst = torch.full((3,), OLD), torch.zeros(3, dtype=torch.int64)
+    streams = Streams(device, delay=True)
+    src = torch.full((3,), OLD, device=device)
+    dst = streams.pinned(torch.zeros(3, dtype=torch.int64))
     died = []
     weakref.finalize(src, died.append, True)
     copied = streams.d2h(dst, src)
@@ -89,17 +98,16 @@ def test_cpu_queued_copy_does_not_keep_its_source_alive() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("copy", [_upload, _download], ids=["upload", "download"])
-def test_gpu_delayed_copy_loses_to_the_next_write(copy) -> None:
-    assert copy("cuda", delay=True, wait_first=False) == [NEW] * 3
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("copy", [_upload, _download], ids=["upload", "download"])
-def test_gpu_event_waited_first_copies_the_old_bytes(copy) -> None:
-    assert copy("cuda", delay=True, wait_first=True) == [OLD] * 3
-
-
-@pytest.mark.gpu
-def test_gpu_main_stream_work_waits_for_the_delayed_copy() -> None:
-    assert _main_after_upload("cuda") == [OLD] * 3
+def test_gpu_a_host_sync_does_not_run_the_delayed_copy() -> None:
+    """The delay is the host's: a device-wide sync (as CUDA's lazy module loading makes, or a
+    synchronous copy) neither runs the queued copy nor lets it overtake the host's next write.
+    A spin kernel on the copy stream fails here: the sync waits for it to run out."""
+    streams = Streams("cuda", delay=True)
+    src = streams.pinned(torch.full((3,), OLD))
+    dst = torch.zeros(3, dtype=src.dtype, device="cuda")
+    copied = streams.h2d(dst, src)
+    torch.cuda.synchronize()
+    assert not copied.query() and dst.tolist() == [0] * 3
+    src.fill_(NEW)
+    copied.synchronize()
+    assert dst.tolist() == [NEW] * 3

@@ -6,23 +6,25 @@ for host-to-device uploads such as the grammar bitmask, vLLM #33059).
 stream's work so far), main-stream work after one of their events (`on_main`), and events the
 host can `synchronize()` on or `query()`.
 
-The delay makes a race's losing order certain, on both devices:
-- GPU: a gate (kernels/host_gate.py: a kernel that spins until the host writes its number into
-  a pinned flag) is enqueued on the copy stream before each copy, so what the host does next
-  (rewrite the copy's pinned source, hand the copy's device source to the next step's kernels)
-  comes first. The host opens a copy's gate when it waits for an event after it, as the CPU
-  runs the copy then, and first lets the main stream finish what it can (all its work, or up to
-  its first wait on a copy not yet opened): the GPU's order is the CPU's, not a race of times;
-- CPU: the copy stream's work is queued as closures and runs only when an event after it is
-  synchronized, the main stream first running all it can before each of its items; main-stream
-  work runs at once unless it waits on queued copy-stream work (then it queues too, in stream
-  order, as a GPU's main stream stalls). Closures are bound to aliases of their tensors'
-  storages (cudagraph.bound_work): a queued copy does not keep its source tensor alive.
-Without the delay the CPU runs everything at once: the winning order.
-NOTE: the CPU does not model the host syncs a GPU makes on its own (a synchronous host-to-device
-copy_ synchronizes the main stream): scenarios put their racing host write before any of them.
-A GPU host that syncs a main stream waiting on a closed gate waits until the gate's poll bound
-runs out (some seconds), then goes on: late, not stuck.
+Each stream is a host queue in front of its device stream. The delay makes a race's losing order
+certain, the same way on both devices: the copy stream's items are queued and reach the device
+only when the host waits for an event after them (or synchronizes), the main stream first
+enqueueing all it can before each of them (and, on a GPU, the copy waits for the main stream's
+work so far: it runs after it, as a late copy does). Main-stream work runs (is enqueued) at once
+unless it waits on a queued copy (then it queues too, in stream order, as a GPU's main stream
+stalls). So what the host does before it waits (rewrite a copy's pinned source, hand the copy's
+device source to the next step's kernels) comes first. Queued items are bound to aliases of
+their tensors' storages (cudagraph.bound_work): a queued copy does not keep its source tensor
+alive. Without the delay every item is enqueued at once: on the CPU the winning order, on a GPU
+the real race.
+
+Why not a delay on the device (a spin kernel before each copy): a host that blocks while the
+copy stream spins lets the spin run out before its next write, and a host blocks where no code
+of ours asks it to. Measured on an H100 (a kernel polling a pinned flag for at most ~2.3 s): the
+first masked apply of a process held the host 2.2 s, CUDA's lazy module loading waiting for the
+running spin kernel, and the copy then read the old bytes (the winning order).
+NOTE: a host sync (a synchronous copy, `.item()`) enqueues nothing: work queued behind a copy is
+not run by it, on either device. Scenarios put their racing host write before any of them.
 """
 
 from __future__ import annotations
@@ -33,39 +35,51 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.runner.cudagraph import Work, bound_work
-from kernels.host_gate import wait_for_host
 
 
 @dataclass(eq=False, slots=True)
 class _Stream:
-    """A CPU stream: its work in order, `done` items of it run. A delayed stream runs only on
-    demand, and lets its `peer` (the main stream) run all it can before each of its items."""
+    """A host queue of work for `device` (a CUDA stream; None: the CPU runs items as they are
+    dequeued), `done` items of it dequeued. A delayed stream dequeues only on demand, and lets
+    its `peer` (the main stream) dequeue all it can before each of its items."""
 
     delayed: bool
+    device: torch.cuda.Stream | None = None
     peer: _Stream | None = None
     work: list[Work | Event] = field(default_factory=list)
     done: int = 0
+    marks: dict[int, torch.cuda.Event] = field(default_factory=dict)  # GPU: after item n
 
     def _step(self) -> None:
         item = self.work[self.done]
         self.done += 1
-        if isinstance(item, Event):
-            item.synchronize()
-        else:
+        if isinstance(item, Event):  # this stream waits for another's event
+            item.stream.run_until(item.position)
+            mark = item.mark()
+            if mark is not None:
+                self.device.wait_event(mark)
+        elif self.device is None:
             item()
+        else:
+            if self.delayed and self.peer is not None:
+                self.device.wait_stream(self.peer.device)  # after the main stream's work so far
+            with torch.cuda.stream(self.device):
+                item()
+        if self.device is not None:
+            self.marks[self.done] = self.device.record_event()
 
     def run_until(self, position: int) -> None:
-        """Run queued items up to `position` (a waited event first runs its own stream)."""
+        """Dequeue items up to `position` (a waited event first runs its own stream)."""
         while self.done < position:
             if self.delayed and self.peer is not None:
                 self.peer.advance()  # the delay: whatever else can run, runs first
             self._step()
 
     def advance(self) -> None:
-        """Run queued items until one waits on an event not yet complete."""
+        """Dequeue items until one waits on an event not yet dequeued."""
         while self.done < len(self.work):
             item = self.work[self.done]
-            if isinstance(item, Event) and not item.query():
+            if isinstance(item, Event) and item.stream.done < item.position:
                 return
             self._step()
 
@@ -79,25 +93,27 @@ class _Stream:
 class Event:
     """A point in a stream: complete once the stream's work before it has run."""
 
-    stream: _Stream | None = None  # CPU
-    position: int = 0
-    cuda: torch.cuda.Event | None = None  # GPU
-    gate: tuple[Streams, int] | None = None  # GPU: the copies' gates it needs opened
+    stream: _Stream
+    position: int  # items of the stream's queue before it
+    cuda: torch.cuda.Event | None = None  # GPU, an event of a drained queue: recorded then
+
+    def mark(self) -> torch.cuda.Event | None:
+        """GPU: the device event, once the items before it are enqueued; None on the CPU."""
+        return self.cuda if self.cuda is not None else self.stream.marks.get(self.position)
 
     def query(self) -> bool:
         """Complete? (never waits)"""
-        if self.cuda is not None:
-            return self.cuda.query()
-        return self.stream.done >= self.position
+        if self.stream.done < self.position:
+            return False
+        mark = self.mark()
+        return mark is None or mark.query()
 
     def synchronize(self) -> None:
-        """The host waits until the event is complete (the CPU runs the work before it)."""
-        if self.cuda is not None:
-            if self.gate is not None:
-                self.gate[0].open_gates(self.gate[1])
-            self.cuda.synchronize()
-        else:
-            self.stream.run_until(self.position)
+        """The host waits until the event is complete (its stream's queue is run up to it)."""
+        self.stream.run_until(self.position)
+        mark = self.mark()
+        if mark is not None:
+            mark.synchronize()
 
 
 class Streams:
@@ -105,90 +121,53 @@ class Streams:
 
     def __init__(self, device: str, delay: bool = False) -> None:
         self.device, self.delay = device, delay
-        if device == "cuda":
-            self.main, self.copy = torch.cuda.current_stream(), torch.cuda.Stream()
-            self.flag = torch.zeros(1, dtype=torch.int32).pin_memory()  # the gates opened
-            self.gates = 0  # gates enqueued, one per copy (with the delay)
-            # per main-stream wait on a copy: its gate, and the main stream's event before it
-            self.main_waits: list[tuple[int, torch.cuda.Event]] = []
-        else:
-            self.main = _Stream(False)
-            self.copy = _Stream(delay, peer=self.main)
+        cuda = device == "cuda"
+        self.main = _Stream(False, torch.cuda.current_stream() if cuda else None)
+        self.copy = _Stream(delay, torch.cuda.Stream() if cuda else None, peer=self.main)
 
-    def _record(self, stream) -> Event:
-        if self.device != "cuda":
-            return Event(stream, len(stream.work))
-        event = torch.cuda.Event()
-        event.record(stream)
-        gated = stream is self.copy and self.gates > 0
-        return Event(cuda=event, gate=(self, self.gates) if gated else None)
-
-    def open_gates(self, upto: int) -> None:
-        """GPU: open the copies' gates up to number `upto`, each after the main stream ran what
-        it can before that copy (as the CPU's delayed stream lets its peer advance)."""
-        while int(self.flag[0]) < upto:
-            gate = int(self.flag[0]) + 1
-            self.main_waits = [(g, e) for g, e in self.main_waits if g >= gate]
-            before = [e for _, e in self.main_waits]
-            if before:
-                before[0].synchronize()  # main is held at a wait on this copy, or a later one
-            else:
-                self.main.synchronize()
-            self.flag[0] = gate
+    @staticmethod
+    def _record(stream: _Stream) -> Event:
+        """The event after `stream`'s work so far: on a GPU with nothing queued, also after
+        what was launched on it directly (the model's kernels), recorded now."""
+        position = len(stream.work)
+        if stream.device is None or stream.done < position:
+            return Event(stream, position)
+        return Event(stream, position, stream.device.record_event())
 
     def _on_copy(self, dst: torch.Tensor, src: torch.Tensor) -> Event:
-        """dst <- src on the copy stream, after the delay when on; the event after it."""
-        if self.device != "cuda":
-            self.copy.submit(bound_work(dst.copy_, src))
-            return self._record(self.copy)
-        with torch.cuda.stream(self.copy):
-            if self.delay:
-                self.gates += 1
-                wait_for_host(self.flag, self.gates)
-            dst.copy_(src, non_blocking=True)
+        """dst <- src on the copy stream (after the main stream's work so far); its event."""
+        self.wait(self.copy, self._record(self.main))
+        self.copy.submit(bound_work(dst.copy_, src, non_blocking=True))
         return self._record(self.copy)
 
     def h2d(self, dst: torch.Tensor, src: torch.Tensor) -> Event:
         """Upload a host tensor (pinned on a GPU) into device memory, non-blocking: after the
         main stream's work so far (the destination's earlier users)."""
-        self.wait(self.copy, self._record(self.main))
         return self._on_copy(dst, src)
 
     def d2h(self, dst: torch.Tensor, src: torch.Tensor) -> Event:
         """Download device memory into a host tensor (pinned on a GPU), non-blocking: after the
         main stream's work so far (upstream: copy_stream.wait_stream(main_stream))."""
-        self.wait(self.copy, self._record(self.main))
         return self._on_copy(dst, src)
 
     def on_main(self, after: Event | None, fn: Callable[..., object], *args: object) -> Event:
         """`fn(*args)` on the main stream, after `after` (a device-side wait: the host does not
         block); the event after it."""
         if after is not None:
-            if after.gate is not None:
-                self.main_waits.append((after.gate[1], self._record(self.main).cuda))
             self.wait(self.main, after)
-        if self.device == "cuda":
-            fn(*args)
-        else:
-            self.main.submit(bound_work(fn, *args))
+        self.main.submit(bound_work(fn, *args))
         return self._record(self.main)
 
-    def wait(self, stream, event: Event) -> None:
+    def wait(self, stream: _Stream, event: Event) -> None:
         """`stream` waits for `event` on the device; the host goes on."""
-        if self.device == "cuda":
-            stream.wait_event(event.cuda)
-        else:
-            stream.submit(event)
+        stream.submit(event)
 
     def synchronize(self) -> None:
         """The host waits for both streams' work."""
-        if self.device == "cuda":
-            if self.delay:
-                self.open_gates(self.gates)
-            torch.cuda.synchronize()
-            return
         for stream in (self.copy, self.main, self.copy):
             stream.run_until(len(stream.work))
+        if self.device == "cuda":
+            torch.cuda.synchronize()
 
     def pinned(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host tensor for non-blocking copies (pinned on a GPU)."""

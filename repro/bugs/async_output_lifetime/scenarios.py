@@ -36,11 +36,11 @@ def steps_in_flight_back_to_back(ctx: Context) -> str:
     on the copy stream; the step returns at once and the engine issues the next step before it
     reads the last one's tokens (two steps in flight). Steps 0, 1 and 2 prefill two new
     requests each (same lengths), after a warm-up step of their shapes; the host issues step
-    1, reads step 0's tokens, issues step 2, reads steps 1 and 2. The copy stream runs late (a
-    spin kernel before each copy on a GPU; deferred copies on the CPU). The sampled tokens'
-    device memory comes from an arena that hands a freed slot to the next step, as the
-    caching allocator hands a freed block to the next allocation of its size on the main
-    stream.
+    1, reads step 0's tokens, issues step 2, reads steps 1 and 2. The copy stream runs late
+    (its copies reach the device only at the host's next wait on them, on both devices). The
+    sampled tokens' device memory comes from an arena that hands a freed slot to the next
+    step, as the caching allocator hands a freed block to the next allocation of its size on
+    the main stream.
 
     Fixed: each output keeps its device tensor until its download completed (upstream: the
     AsyncOutput's references): every step's tokens are its requests' best by the float64

@@ -50,8 +50,9 @@ def ranked(runner: ModelRunner, prompts: dict[str, tuple[int, ...]]) -> dict[str
 
 def warm_up(runner: ModelRunner, best_of_a: int) -> None:
     """One async step of the racing steps' shapes, read back, then its rows freed: every
-    kernel, stream and event is loaded before the race (measured on an H100, a process's
-    first step blocked its host for longer than the copy stream's delay). Its first request
+    kernel, stream and event is loaded before the race (with a spin kernel as the delay, a
+    process's first step on an H100 blocked its host past it; the delay is now the host's and
+    holds either way). Its first request
     may sample only A's best token: a device mask left from it (an upload not waited for)
     lets A sample the one token its own restriction forbids."""
     out = runner.execute_model_async(
@@ -74,8 +75,8 @@ def restricted_step_then_next_update(ctx: Context) -> str:
     each); step 1's host work, while step 0 is still in flight, writes the mask rows of its new
     requests C and D (unrestricted) into the same pinned tensor. Then both steps' tokens are
     read. A warm-up step of the same shapes comes first (every kernel loaded). The copy stream
-    runs late (a spin kernel before each copy on a GPU; deferred copies on
-    the CPU): step 0's upload reads the mask after step 1's host update, as a GPU behind the
+    runs late (its copies reach the device only at the host's next wait on them, on both
+    devices): step 0's upload reads the mask after step 1's host update, as a GPU behind the
     host does.
 
     Fixed: step 1's update waits for step 0's upload first (upstream: prepare_inputs_event):
