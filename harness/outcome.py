@@ -105,7 +105,9 @@ _HOST_FAULTS = {signal.SIGSEGV, signal.SIGBUS}
 # trap is read back as cudaErrorAssert, or on a shared GPU at times as the generic
 # cudaErrorLaunchFailure (H100, 2 of 800 asserting runs at 16 children at once, during a GPU-wide
 # stall): the printed line decides.
-_DEVICE_ASSERT_PRINTED = re.compile(r"block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\] Assertion `")
+_DEVICE_ASSERT_PRINTED = re.compile(
+    r"^.*block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\] Assertion `.*$", re.MULTILINE
+)
 
 
 def _gpu_error(text: str) -> Outcome | None:
@@ -204,10 +206,9 @@ def classify(child: ChildExit) -> Classified:
         found = _from_report(child.report)
         printed = _DEVICE_ASSERT_PRINTED.search(child.stderr)
         if found.outcome == Outcome.ILLEGAL_ADDRESS and printed:
-            line = child.stderr[child.stderr.rfind("\n", 0, printed.start()) + 1 :]
             return Classified(
                 Outcome.DEVICE_ASSERT,
-                f"{found.evidence}\nthe device printed an assertion first:\n{line.splitlines()[0]}",
+                f"{found.evidence}\nthe device printed an assertion first:\n{printed.group(0)}",
             )
         return found
     assert child.returncode is not None
