@@ -20,10 +20,18 @@ Two more of its costs go, neither changing a value:
   computation off (measured: a sixth of lora_graph_capture's kernel time).
 - The numpy dtype of a Triton type, looked up by building a dict of 19 types per call; it is
   memoized per scalar type (a block's is its element's, as in the lookup).
+
+And one cost of its type layer, the largest left (measured: a fifth of lora_graph_capture's
+time): every operation builds a new block type (a shape validated, a name formatted, a
+`tl.tuple` of constexprs made for its tensor) and compares types field by field. Block types
+are interned: one object per element type and shape, made once, its tensor shape with it; a
+type equals itself at once, and operands of one type need no broadcast. Triton's values and
+types stay what they were; only their making is shared.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 
@@ -79,6 +87,7 @@ def install() -> bool:
     _undo.append(undo)
     _skip_dropped_overflow_checks(interpreter)
     _memoize_np_dtype(interpreter)
+    _intern_block_types()
     return True
 
 
@@ -117,6 +126,87 @@ def _memoize_np_dtype(interpreter) -> None:
         interpreter._get_np_dtype = lookup
 
     interpreter._get_np_dtype = np_dtype
+    _undo.append(undo)
+
+
+def _made_anew(cls, *args, **kwargs):
+    """A block type's __new__ once uninstalled: object's, as before install."""
+    return object.__new__(cls)
+
+
+def _intern_block_types() -> None:
+    core = tl.core
+    try:
+        from triton.language.semantic import TritonSemantic
+    except ImportError:
+        return
+    block_type, tensor = core.block_type, core.tensor
+    if vars(block_type).get("__new__", _made_anew) is not _made_anew:
+        return  # not Triton's own
+    if not hasattr(TritonSemantic, "broadcast_impl_value"):
+        return
+    make, equal, tensor_init = block_type.__init__, block_type.__eq__, tensor.__init__
+    broadcast = TritonSemantic.broadcast_impl_value
+    constexpr, shapes = core.constexpr, core.tuple
+    interned: dict[tuple, object] = {}
+    scalar_shape = (constexpr(1), shapes([]))  # a tensor's numel and shape of a scalar type
+
+    def key(element_ty, shape) -> tuple:
+        dims = shape.values if type(shape) is shapes else shape
+        return (
+            type(element_ty),
+            element_ty.name,
+            getattr(element_ty, "address_space", None),
+            tuple(d.value if type(d) is constexpr else d for d in dims),
+        )
+
+    def new(cls, *args, **kwargs):
+        if cls is block_type and len(args) == 2 and not kwargs:
+            try:
+                found = interned.get(key(*args))
+            except (AttributeError, TypeError):  # not a type and shape to intern: made anew
+                found = None
+            if found is not None:
+                return found
+        return _made_anew(cls)
+
+    def init(self, *args, **kwargs):
+        if "_tensor_shape" in vars(self):  # interned: made already, from the same values
+            return
+        make(self, *args, **kwargs)
+        if type(self) is block_type:
+            with contextlib.suppress(AttributeError, TypeError):
+                interned.setdefault(key(self.element_ty, self.shape), self)
+        self._tensor_shape = (constexpr(self.numel), shapes([constexpr(d) for d in self.shape]))
+
+    def eq(self, other) -> bool:
+        return self is other or equal(self, other)
+
+    def init_tensor(self, handle, type):
+        if type.is_block():
+            cached = vars(type).get("_tensor_shape")
+            if cached is None:
+                return tensor_init(self, handle, type)
+        else:
+            cached = scalar_shape
+        self.handle, self.type, self.dtype = handle, type, type.scalar
+        self.numel, self.shape = cached
+
+    def broadcast_same(self, lhs, rhs):
+        if lhs.type is rhs.type:  # one type: one shape, nothing to broadcast
+            return lhs, rhs
+        return broadcast(self, lhs, rhs)
+
+    def undo() -> None:
+        # NOTE: not deleted: CPython then keeps a __new__ slot that refuses __init__'s arguments
+        block_type.__new__ = _made_anew
+        block_type.__init__, block_type.__eq__, tensor.__init__ = make, equal, tensor_init
+        TritonSemantic.broadcast_impl_value = broadcast
+        interned.clear()
+
+    block_type.__new__, block_type.__init__, block_type.__eq__ = new, init, eq
+    tensor.__init__ = init_tensor
+    TritonSemantic.broadcast_impl_value = broadcast_same
     _undo.append(undo)
 
 

@@ -28,6 +28,7 @@ BLOCK_P = 32
 BLOCK_Q = 16  # query tokens of one row per tile
 MIN_DOT = 16  # tl.dot's smallest extent
 CACHE_TILE = 4096  # elements of a cache write's tile, at most
+HEAD_TILE = 4096  # elements of an attention program's K tile over its heads, at most
 FP8_KV_CACHE = torch.float8_e4m3fn  # upstream's current_platform.fp8_dtype() on CUDA
 FP8_MIN_ARCH = 89  # Triton's fp8e4nv (e4m3) exists from sm_89 on
 
@@ -93,6 +94,17 @@ def kv_heads_of(heads: int, k_cache: torch.Tensor) -> int:
     if heads % kv_heads:
         raise ValueError(f"num_heads = {heads} is not a multiple of num_kv_heads = {kv_heads}")
     return kv_heads
+
+
+def head_pack(heads: int, head_tile: int) -> int:
+    """Query heads one program takes: the most (a power of two dividing `heads`) whose K tiles
+    of `head_tile` elements each stay within HEAD_TILE. The interpreter's cost is per program
+    and per operation, hardly per element: small heads are packed; upstream's sizes (head_dim
+    128 and up) take one head a program, as upstream's kernels do."""
+    pack = 1
+    while heads % (2 * pack) == 0 and 2 * pack * head_tile <= HEAD_TILE:
+        pack *= 2
+    return pack
 
 
 def kv_scale_args(
@@ -188,9 +200,13 @@ def paged_attention(
     k_scale, v_scale = kv_scale_args(query.dtype, k_cache, v_cache, k_scale, v_scale)
     kv_heads = kv_heads_of(heads, k_cache)
     dim_pad = max(MIN_DOT, triton.next_power_of_2(dim))
-    # NOTE: one program per (batch row, head), as upstream's unified attention's grid is (query
-    # blocks x KV heads): rows come from the block table, a row's tokens from token_rows
-    _paged_attention_kernel[(block_table.shape[0], heads)](
+    # NOTE: a K and a V tile of BLOCK_P x DIM_PAD are tl.dot operands, staged in shared memory:
+    # MLA's 576 (1024 padded) takes 16 positions a tile to fit an A100's
+    block_p = max(MIN_DOT, min(BLOCK_P, 8192 // dim_pad))
+    pack = head_pack(heads, block_p * dim_pad)
+    # NOTE: one program per (batch row, head pack), as upstream's unified attention's grid is
+    # (query blocks x KV heads): rows come from the block table, a row's tokens from token_rows
+    _paged_attention_kernel[(block_table.shape[0], heads // pack)](
         query,
         k_cache,
         v_cache,
@@ -210,9 +226,8 @@ def paged_attention(
         DIM=dim,
         DIM_PAD=dim_pad,
         MAX_MODEL_LEN=max_model_len,
-        # NOTE: a K and a V tile of BLOCK_P x DIM_PAD are tl.dot operands, staged in shared
-        # memory: MLA's 576 (1024 padded) takes 16 positions a tile to fit an A100's
-        BLOCK_P=max(MIN_DOT, min(BLOCK_P, 8192 // dim_pad)),
+        BLOCK_P=block_p,
+        HEAD_PACK=pack,
         BLOCK_Q=BLOCK_Q,
         # NOTE: the token loop's bound is constexpr (Triton 3.6's interpreter needs one): the
         # tokens rounded up to a power of two, a compile per power
@@ -279,7 +294,7 @@ def attend_positions(
     table_row_ptr,
     lo,
     hi,
-    kv_h,
+    kv_hs,
     scale,
     block_size,
     KV_HEADS: tl.constexpr,
@@ -289,21 +304,22 @@ def attend_positions(
     BLOCK_P: tl.constexpr,
     PAGE_LOADS: tl.constexpr,
 ):
-    """Online softmax of q (one head, [DIM_PAD] float32, zero past DIM) over positions [lo, hi) of
-    one block-table row, reading KV head kv_h of KV_HEADS, in float32.
+    """Online softmax of q (a pack of heads, [HEAD_PACK, DIM_PAD] float32, zero past DIM) over
+    positions [lo, hi) of one block-table row, each head reading its KV head of KV_HEADS
+    (kv_hs, [HEAD_PACK] int64), in float32.
 
     PAGE_LOADS: K and V are loaded a whole page (block) at a time, as FA3's and TRTLLM's paged
     kernels load them; positions outside [lo, hi) are masked by their weight, 0, so whatever
     bytes sit there are multiplied by it (0 x NaN is NaN). Otherwise only [lo, hi) is loaded.
 
-    Returns (running max, denominator, unnormalized output [DIM_PAD], zero past DIM);
+    Returns per head (running max, denominator, unnormalized output [DIM_PAD], zero past DIM);
     denominator 0: no live position.
     """
-    dims = tl.arange(0, DIM_PAD)
+    dims = tl.arange(0, DIM_PAD)[None, None, :]
     in_head = dims < DIM
-    m = tl.full([], float("-inf"), tl.float32)
-    denom = tl.zeros([], tl.float32)
-    acc = tl.zeros([DIM_PAD], tl.float32)
+    m = tl.max(tl.full(q.shape, float("-inf"), tl.float32), axis=1)
+    denom = tl.zeros_like(m)
+    acc = tl.zeros_like(q)
     if PAGE_LOADS:
         lo_load, hi_load = lo // block_size * block_size, tl.cdiv(hi, block_size) * block_size
     else:
@@ -312,22 +328,21 @@ def attend_positions(
     for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
         if (p0 < hi_load) & (p0 + BLOCK_P > lo_load):
             ps = p0 + tl.arange(0, BLOCK_P)
-            live = (ps >= lo) & (ps < hi)
+            live = ((ps >= lo) & (ps < hi))[None, :]
             loaded = (ps >= lo_load) & (ps < hi_load)
             block = tl.load(table_row_ptr + ps // block_size, mask=loaded, other=0).to(tl.int64)
-            entry = (block * block_size + ps % block_size)[:, None] * KV_HEADS + kv_h
-            kv = entry * DIM + dims[None, :]
-            k = tl.load(k_cache_ptr + kv, mask=loaded[:, None] & in_head[None, :], other=0.0)
-            k = _kv_to_float32(k, k_scale_ptr)
-            scores = tl.where(live, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=0))
+            entry = (block * block_size + ps % block_size)[None, :] * KV_HEADS + kv_hs[:, None]
+            kv = entry[:, :, None] * DIM + dims
+            kv_mask = loaded[None, :, None] & in_head
+            k = _kv_to_float32(tl.load(k_cache_ptr + kv, mask=kv_mask, other=0.0), k_scale_ptr)
+            scores = tl.where(live, tl.sum(k * q[:, None, :], axis=2) * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
             safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
             correction = tl.exp(m - safe)
-            weights = tl.exp(scores - safe)
-            v = tl.load(v_cache_ptr + kv, mask=loaded[:, None] & in_head[None, :], other=0.0)
-            v = _kv_to_float32(v, v_scale_ptr)
-            acc = acc * correction + tl.sum(weights[:, None] * v, axis=0)
-            denom = denom * correction + tl.sum(weights, axis=0)
+            weights = tl.exp(scores - safe[:, None])
+            v = _kv_to_float32(tl.load(v_cache_ptr + kv, mask=kv_mask, other=0.0), v_scale_ptr)
+            acc = acc * correction[:, None] + tl.sum(weights[:, :, None] * v, axis=1)
+            denom = denom * correction + tl.sum(weights, axis=1)
             m = m_new
     return m, denom, acc
 
@@ -356,16 +371,19 @@ def _paged_attention_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     MAX_TOKENS: tl.constexpr,
+    HEAD_PACK: tl.constexpr,
 ):
-    """One (batch row, head): every token of the row, BLOCK_Q tokens at a time, attends its
-    row's positions 0..pos (the last `window` of them when window > 0) on the head's KV head
-    (h // (HEADS // KV_HEADS)), by online softmax in float32. A tile loads the positions from
-    its tokens' first to their last; each token weighs only its own (the others' weights are
-    0: positions inside another token's window of the tile, written before)."""
-    row, h = tl.program_id(0), tl.program_id(1)
-    kv_h = h // (HEADS // KV_HEADS)
+    """One (batch row, HEAD_PACK query heads): every token of the row, BLOCK_Q tokens at a
+    time, attends its row's positions 0..pos (the last `window` of them when window > 0) on
+    each head's KV head (h // (HEADS // KV_HEADS)), by online softmax in float32. A tile loads
+    the positions from its tokens' first to their last; each token weighs only its own (the
+    others' weights are 0: positions inside another token's window of the tile, written
+    before). Tiles are [heads, tokens or positions, dims]: a tl.dot per head."""
+    row = tl.program_id(0)
+    hs = tl.program_id(1) * HEAD_PACK + tl.arange(0, HEAD_PACK)
+    kv_hs = (hs // (HEADS // KV_HEADS)).to(tl.int64)[:, None]
     table_row_ptr = block_table_ptr + row.to(tl.int64) * table_stride
-    dims = tl.arange(0, DIM_PAD)
+    dims = tl.arange(0, DIM_PAD)[None, None, :]
     in_head = dims < DIM
     for t0 in range(0, MAX_TOKENS, BLOCK_Q):
         ts = t0 + tl.arange(0, BLOCK_Q)
@@ -375,37 +393,38 @@ def _paged_attention_kernel(
             lo = tl.where(window > 0, tl.maximum(pos + 1 - window, 0), 0)
             lo_tile = tl.min(tl.where(mine, lo, MAX_MODEL_LEN), axis=0)
             hi = tl.max(pos, axis=0) + 1
-            heads = (ts.to(tl.int64)[:, None] * HEADS + h) * DIM + dims[None, :]
-            in_tile = mine[:, None] & in_head[None, :]
+            heads = (ts.to(tl.int64)[None, :] * HEADS + hs[:, None])[:, :, None] * DIM + dims
+            in_tile = mine[None, :, None] & in_head
             q = tl.load(q_ptr + heads, mask=in_tile, other=0.0).to(tl.float32)
-            m = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-            denom = tl.zeros([BLOCK_Q], tl.float32)
-            acc = tl.zeros([BLOCK_Q, DIM_PAD], tl.float32)
+            m = tl.full([HEAD_PACK, BLOCK_Q], float("-inf"), tl.float32)
+            denom = tl.zeros([HEAD_PACK, BLOCK_Q], tl.float32)
+            acc = tl.zeros([HEAD_PACK, BLOCK_Q, DIM_PAD], tl.float32)
             # NOTE: the bound is constexpr (moe_lora_align.py); tiles past the last are skipped
             for p0 in range(0, MAX_MODEL_LEN, BLOCK_P):
                 if (p0 < hi) & (p0 + BLOCK_P > lo_tile):
                     ps = p0 + tl.arange(0, BLOCK_P)
                     loaded = (ps >= lo_tile) & (ps < hi)
                     block = tl.load(table_row_ptr + ps // block_size, mask=loaded, other=0)
-                    entry = (block.to(tl.int64) * block_size + ps % block_size) * KV_HEADS + kv_h
-                    kv = entry[:, None] * DIM + dims[None, :]
-                    kv_mask = loaded[:, None] & in_head[None, :]
+                    slot = block.to(tl.int64) * block_size + ps % block_size
+                    entry = slot[None, :] * KV_HEADS + kv_hs
+                    kv = entry[:, :, None] * DIM + dims
+                    kv_mask = loaded[None, :, None] & in_head
                     k = _kv_to_float32(
                         tl.load(k_cache_ptr + kv, mask=kv_mask, other=0.0), k_scale_ptr
                     )
-                    scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                    scores = tl.dot(q, tl.trans(k, 0, 2, 1), input_precision="ieee") * scale
                     live = (ps[None, :] >= lo[:, None]) & (ps[None, :] <= pos[:, None])
-                    scores = tl.where(live, scores, float("-inf"))
-                    m_new = tl.maximum(m, tl.max(scores, axis=1))
+                    scores = tl.where(live[None, :, :], scores, float("-inf"))
+                    m_new = tl.maximum(m, tl.max(scores, axis=2))
                     safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing live yet
                     correction = tl.exp(m - safe)
-                    weights = tl.exp(scores - safe[:, None])
+                    weights = tl.exp(scores - safe[:, :, None])
                     v = _kv_to_float32(
                         tl.load(v_cache_ptr + kv, mask=kv_mask, other=0.0), v_scale_ptr
                     )
-                    acc = acc * correction[:, None] + tl.dot(weights, v, input_precision="ieee")
-                    denom = denom * correction + tl.sum(weights, axis=1)
+                    acc = acc * correction[:, :, None] + tl.dot(weights, v, input_precision="ieee")
+                    denom = denom * correction + tl.sum(weights, axis=2)
                     m = m_new
-            denom = tl.where(mine, denom, 1.0)  # another row's token: not stored
-            out = (acc / denom[:, None]).to(out_ptr.dtype.element_ty)
+            denom = tl.where(mine[None, :], denom, 1.0)  # another row's token: not stored
+            out = (acc / denom[:, :, None]).to(out_ptr.dtype.element_ty)
             tl.store(out_ptr + heads, out, mask=in_tile)

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels import FLOAT_DTYPES, require_dtype
-from kernels.paged_attention import attend_positions, kv_heads_of, kv_scale_args
+from kernels.paged_attention import attend_positions, head_pack, kv_heads_of, kv_scale_args
 
 BLOCK_P = 32
 
@@ -112,7 +112,9 @@ def split_kv_attention(
     require_dtype((torch.float32,), partial_out=partial_out, partial_lse=partial_lse)
     k_scale, v_scale = kv_scale_args(query.dtype, k_cache, v_cache, k_scale, v_scale)
     kv_heads = kv_heads_of(heads, k_cache)
-    _split_kv_kernel[(num_parts, heads)](
+    dim_pad = triton.next_power_of_2(dim)
+    pack = head_pack(heads, BLOCK_P * dim_pad)
+    _split_kv_kernel[(num_parts, heads // pack)](
         query,
         k_cache,
         v_cache,
@@ -130,10 +132,11 @@ def split_kv_attention(
         HEADS=heads,
         KV_HEADS=kv_heads,
         DIM=dim,
-        DIM_PAD=triton.next_power_of_2(dim),
+        DIM_PAD=dim_pad,
         MAX_MODEL_LEN=max_model_len,
         BLOCK_P=BLOCK_P,
         PAGE_LOADS=page_loads,
+        HEAD_PACK=pack,
     )
 
 
@@ -147,7 +150,9 @@ def combine_splits(
     num_parts, num_reqs, heads, dim = partial_out.shape
     require_dtype((torch.float32,), partial_out=partial_out, partial_lse=partial_lse)
     require_dtype(FLOAT_DTYPES, out=out)
-    _combine_kernel[(num_reqs, heads)](
+    dim_pad = triton.next_power_of_2(dim)
+    pack = head_pack(heads, triton.next_power_of_2(num_parts) * dim_pad)
+    _combine_kernel[(num_reqs, heads // pack)](
         partial_out,
         partial_lse,
         tile_scheduler_metadata,
@@ -157,7 +162,8 @@ def combine_splits(
         NUM_REQS=num_reqs,
         HEADS=heads,
         DIM=dim,
-        DIM_PAD=triton.next_power_of_2(dim),
+        DIM_PAD=dim_pad,
+        HEAD_PACK=pack,
     )
 
 
@@ -223,22 +229,25 @@ def _split_kv_kernel(
     MAX_MODEL_LEN: tl.constexpr,
     BLOCK_P: tl.constexpr,
     PAGE_LOADS: tl.constexpr,
+    HEAD_PACK: tl.constexpr,
 ):
-    """One (part, head): a partial softmax over the part's positions of each of its requests,
-    first..last (FlashMLA walks the plan's request range the same way); the other requests'
-    slots are left unwritten: the combine reads the plan to skip them."""
-    part, h = tl.program_id(0), tl.program_id(1)
+    """One (part, HEAD_PACK heads): a partial softmax over the part's positions of each of its
+    requests, first..last (FlashMLA walks the plan's request range the same way); the other
+    requests' slots are left unwritten: the combine reads the plan to skip them."""
+    part = tl.program_id(0)
+    hs = tl.program_id(1) * HEAD_PACK + tl.arange(0, HEAD_PACK)
+    kv_hs = (hs // (HEADS // KV_HEADS)).to(tl.int64)
     first, first_pos = tl.load(meta_ptr + part * 4), tl.load(meta_ptr + part * 4 + 1)
     last, last_end = tl.load(meta_ptr + part * 4 + 2), tl.load(meta_ptr + part * 4 + 3)
-    dims = tl.arange(0, DIM_PAD)
+    dims = tl.arange(0, DIM_PAD)[None, :]
     in_head = dims < DIM
     for i in range(NUM_REQS):  # at most every request
         r = first.to(tl.int64) + i  # NOTE: a plan never computed sends r far out of bounds
         if (first >= 0) & (r <= last):
-            slot = (part * NUM_REQS + r) * HEADS + h
+            slots = (part * NUM_REQS + r) * HEADS + hs
             lo = tl.where(r == first, first_pos, 0)
             hi = tl.where(r == last, last_end, tl.load(seq_lens_ptr + r))
-            q = tl.load(q_ptr + (r * HEADS + h) * DIM + dims, mask=in_head, other=0.0)
+            q = tl.load(q_ptr + (r * HEADS + hs)[:, None] * DIM + dims, mask=in_head, other=0.0)
             m, denom, acc = attend_positions(
                 q.to(tl.float32),
                 k_cache_ptr,
@@ -248,7 +257,7 @@ def _split_kv_kernel(
                 block_table_ptr + r * table_stride,
                 lo,
                 hi,
-                h // (HEADS // KV_HEADS),
+                kv_hs,
                 scale,
                 block_size,
                 KV_HEADS,
@@ -260,9 +269,9 @@ def _split_kv_kernel(
             )
             has_keys = denom > 0
             lse = tl.where(has_keys, m + tl.log(tl.where(has_keys, denom, 1.0)), float("-inf"))
-            out = tl.where(has_keys, acc / tl.where(has_keys, denom, 1.0), 0.0)
-            tl.store(out_ptr + slot * DIM + dims, out, mask=in_head)
-            tl.store(lse_ptr + slot, lse)
+            out = tl.where(has_keys[:, None], acc / tl.where(has_keys, denom, 1.0)[:, None], 0.0)
+            tl.store(out_ptr + slots[:, None] * DIM + dims, out, mask=in_head)
+            tl.store(lse_ptr + slots, lse)
 
 
 @triton.jit
@@ -277,22 +286,27 @@ def _combine_kernel(
     HEADS: tl.constexpr,
     DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
+    HEAD_PACK: tl.constexpr,
 ):
-    r, h = tl.program_id(0), tl.program_id(1)
+    """One (request, HEAD_PACK heads): tiles are [parts, heads(, dims)]."""
+    r = tl.program_id(0)
+    hs = tl.program_id(1) * HEAD_PACK + tl.arange(0, HEAD_PACK)
     dims = tl.arange(0, DIM_PAD)
     in_head = dims < DIM
     parts = tl.arange(0, PARTS_PAD)
     real = parts < NUM_PARTS
     first = tl.load(meta_ptr + parts * 4, mask=real, other=-1)
     last = tl.load(meta_ptr + parts * 4 + 2, mask=real, other=-1)
-    covers = (first >= 0) & (first <= r) & (r <= last)  # the parts the plan gave request r
-    lse = tl.load(lse_ptr + (parts * NUM_REQS + r) * HEADS + h, mask=covers, other=float("-inf"))
+    covers = ((first >= 0) & (first <= r) & (r <= last))[:, None]  # the plan gave request r
+    slots = (parts[:, None] * NUM_REQS + r) * HEADS + hs[None, :]
+    lse = tl.load(lse_ptr + slots, mask=covers, other=float("-inf"))
     m = tl.max(lse, axis=0)
-    weights = tl.exp(lse - m)  # NaN when no part covered this request (a stale plan)
+    weights = tl.exp(lse - m[None, :])  # NaN when no part covered this request (a stale plan)
     partial = tl.load(
-        out_ptr_partial + ((parts * NUM_REQS + r) * HEADS + h)[:, None] * DIM + dims[None, :],
-        mask=covers[:, None] & in_head[None, :],
+        out_ptr_partial + slots[:, :, None] * DIM + dims[None, None, :],
+        mask=covers[:, :, None] & in_head[None, None, :],
         other=0.0,
     )
-    out = tl.sum(weights[:, None] * partial, axis=0) / tl.sum(weights, axis=0)
-    tl.store(out_ptr + (r * HEADS + h) * DIM + dims, out.to(out_ptr.dtype.element_ty), mask=in_head)
+    out = tl.sum(weights[:, :, None] * partial, axis=0) / tl.sum(weights, axis=0)[:, None]
+    out_at = out_ptr + (r * HEADS + hs)[:, None] * DIM + dims[None, :]
+    tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=in_head[None, :])

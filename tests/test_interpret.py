@@ -122,3 +122,41 @@ def test_overflow_checks_off_and_dtype_memo_keep_values(dtype: torch.dtype) -> N
     interpret.uninstall()
     assert builder.options.sanitize_overflow, "uninstall did not restore the options"
     interpret.install()
+
+
+@triton.jit
+def _broadcasts(x_ptr, out_ptr, N: tl.constexpr, M: tl.constexpr):
+    """Operands of one type, a scalar and a block, [N, 1] and [1, M], int and float mixed."""
+    rows, cols = tl.arange(0, N), tl.arange(0, M)
+    x = tl.load(x_ptr + rows[:, None] * M + cols[None, :])
+    y = x + x * 2.0 - rows[:, None] + cols[None, :] * tl.program_id(0)
+    z = tl.where(y > 0, y, -y)[None, :, :] + tl.sum(x, axis=1)[None, :, None]
+    tl.store(out_ptr + rows[:, None] * M + cols[None, :], tl.sum(z, axis=0))
+
+
+def _broadcast_launch() -> torch.Tensor:
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    out = torch.full_like(x, float("nan"))
+    _broadcasts[(1,)](x, out, N=4, M=8)
+    return out
+
+
+def test_interned_block_types_keep_values_and_equality() -> None:
+    interpret.uninstall()
+    try:
+        shipped = _broadcast_launch()
+        made = tl.block_type(tl.float32, [16, 8])
+        assert made is not tl.block_type(tl.float32, [16, 8]), "uninstall left types interned"
+        interpret.install()
+        fast = _broadcast_launch()
+        one = tl.block_type(tl.float32, [16, 8])
+        assert one is tl.block_type(tl.float32, [tl.constexpr(16), 8])
+        assert one is one.with_element_ty(tl.float32) and one == made and made == one
+        assert one is not tl.block_type(tl.float16, [16, 8])
+        assert one is not tl.block_type(tl.float32, [8, 16])
+        pointers = [tl.pointer_type(tl.float32), tl.pointer_type(tl.float32, const=True)]
+        assert tl.block_type(pointers[0], [4]) is not tl.block_type(pointers[1], [4])
+        assert tl.block_type(pointers[0], [4]) != tl.block_type(pointers[1], [4])
+    finally:
+        interpret.install()
+    assert torch.equal(shipped, fast)
