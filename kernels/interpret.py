@@ -21,18 +21,24 @@ Two more of its costs go, neither changing a value:
 - The numpy dtype of a Triton type, looked up by building a dict of 19 types per call; it is
   memoized per scalar type (a block's is its element's, as in the lookup).
 
-And one cost of its type layer, the largest left (measured: a fifth of lora_graph_capture's
-time): every operation builds a new block type (a shape validated, a name formatted, a
-`tl.tuple` of constexprs made for its tensor) and compares types field by field. Block types
-are interned: one object per element type and shape, made once, its tensor shape with it; a
-type equals itself at once, and operands of one type need no broadcast. Triton's values and
-types stay what they were; only their making is shared.
+And two more of its costs, the largest left (measured on lora_graph_capture: a fifth, and a
+fourteenth, of its time):
+- Its type layer: every operation builds a new block type (a shape validated, a name formatted,
+  a `tl.tuple` of constexprs made for its tensor) and compares types field by field. Block
+  types are interned: one object per element type and shape, made once, its tensor shape with
+  it; a type equals itself at once, and operands of one type need no broadcast. Values and
+  types stay what they were; only their making is shared. Only while Triton interprets: the
+  compiler shares this layer, and is left as shipped.
+- Each launch's patch lists the language's builtins with inspect.getmembers (a walk of every
+  member); their names are listed once per module, and each launch patches those that are
+  builtins at the time, as the walk would.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 from collections.abc import Callable
 
 import triton.language as tl
@@ -87,7 +93,9 @@ def install() -> bool:
     _undo.append(undo)
     _skip_dropped_overflow_checks(interpreter)
     _memoize_np_dtype(interpreter)
-    _intern_block_types()
+    _list_builtins_once(interpreter)
+    if isinstance(tl.sum, getattr(interpreter, "InterpretedFunction", ())):  # interpreting:
+        _intern_block_types()  # the compiler, which shares the type layer, is left as shipped
     return True
 
 
@@ -126,6 +134,32 @@ def _memoize_np_dtype(interpreter) -> None:
         interpreter._get_np_dtype = lookup
 
     interpreter._get_np_dtype = np_dtype
+    _undo.append(undo)
+
+
+def _list_builtins_once(interpreter) -> None:
+    walk, patch_attr = (
+        getattr(interpreter, "_patch_builtin", None),
+        getattr(interpreter, "_patch_attr", None),
+    )
+    if walk is None or patch_attr is None:
+        return
+    names: dict[int, tuple[object, list[str]]] = {}  # per module (or class): its builtins' names
+
+    def patch_builtins(pkg, builder, scope) -> None:
+        known = names.get(id(pkg))
+        if known is None or known[0] is not pkg:
+            listed = [n for n, m in inspect.getmembers(pkg) if tl.core.is_builtin(m)]
+            names[id(pkg)] = known = (pkg, listed)
+        for name in known[1]:
+            member = getattr(pkg, name)
+            if tl.core.is_builtin(member):  # as the walk: what is patched already is skipped
+                patch_attr(pkg, name, member, builder, scope)
+
+    def undo() -> None:
+        interpreter._patch_builtin = walk
+
+    interpreter._patch_builtin = patch_builtins
     _undo.append(undo)
 
 

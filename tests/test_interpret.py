@@ -4,6 +4,10 @@ interprets (CPU runs); skipped where it compiles."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import triton
@@ -74,10 +78,11 @@ def test_same_values_with_one_patch_per_module_per_launch() -> None:
 
 def test_install_is_idempotent_and_uninstall_restores() -> None:
     assert interpret.install() and interpret.install()
-    installed = interpreter._patch_lang
+    installed, walk = interpreter._patch_lang, interpreter._patch_builtin
     interpret.uninstall()
     try:
         assert interpreter._patch_lang is not installed
+        assert interpreter._patch_builtin is not walk
         out, expected = _launch()
         torch.testing.assert_close(out, expected)
     finally:
@@ -160,3 +165,15 @@ def test_interned_block_types_keep_values_and_equality() -> None:
     finally:
         interpret.install()
     assert torch.equal(shipped, fast)
+
+
+def test_the_compiler_keeps_the_shipped_type_layer() -> None:
+    """Without TRITON_INTERPRET (GPU runs) the type layer, which the compiler uses, is Triton's."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    probe = "import triton.language as tl, kernels; print('__new__' in vars(tl.core.block_type))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]
+    assert "__new__" in vars(tl.core.block_type)  # this process interprets: interned
