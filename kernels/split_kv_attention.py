@@ -4,8 +4,9 @@ A planner kernel reads the live seq_lens and splits the batch's total KV work (s
 into NUM_PARTS contiguous chunks; per part it writes
   tile_scheduler_metadata[p] = (begin_req, begin_pos, end_req, end_pos)   # end exclusive
 and per request num_splits[r] = the number of parts covering it. The split kernel computes,
-per (part, head), a partial output and log-sum-exp for each request it covers; the combine
-kernel merges, per request, the partials of the parts the plan says cover it. A plan is valid
+per (part, pack of heads: paged_attention.head_pack), a partial output and log-sum-exp for
+each request it covers; the combine kernel merges, per (request, pack of heads), the partials
+of the parts the plan says cover it. A plan is valid
 only for the lengths it was made from: nothing checks that (upstream's contract). Any head size
 is served: the kernels range over DIM_PAD = next_power_of_2(dim) and mask the rest
 (paged_attention.py), and any part count (FlashMLA's is the SM count over the heads' tiles:
