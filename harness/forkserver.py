@@ -24,21 +24,27 @@ Protocol: JSON lines over each connection; stdout and stderr are only a log, so 
 prints cannot break it.
   in:  {"id": N, "root": DIR, "request": {...}}   (the child's request, see harness.child)
        {"stop": true}                              (a warm server: exit now)
-  out: {"ready": true, "protocol": P, "pid": PID, "versions": {...}} once per connection;
-       {"id": N, "pid": PID} per fork; {"id": N, "returncode": RC} per reaped child (RC < 0:
-       killed by signal -RC).
+  out: {"ready": true, "protocol": P, "pid": PID, "versions": {...}, "sources": {PATH: SHA256}}
+       once per connection; {"id": N, "pid": PID} per fork; {"id": N, "returncode": RC} per
+       reaped child (RC < 0: killed by signal -RC); {"id": N, "refused": WHY} for a request whose
+       tree holds other copies of the server's own modules than the server runs from memory.
+A peer that sends anything else (garbage, a line over MAX_LINE, a message without its fields),
+resets its connection or does not read what it is sent within SEND_S is dropped; the server
+carries on. "sources" are the project files the server itself runs (this module and what it
+imports of harness), hashed when it started: a client whose tree differs replaces it.
 When a connection closes (its client exited or was killed) the server kills every child of that
 connection. A private server then exits; a warm one exits when idle for IDLE seconds, when asked,
 or when its socket file is removed; it answers only clients of its own uid (SO_PEERCRED) and holds
-a lock file while it runs, so one socket has one server. Each child leads its own session, dies
-with the server (parent-death signal) and keeps its own time limit. The server is
-single-threaded: forking with threads can deadlock.
+a lock file while it runs (its pid written in it), so one socket has one server. Each child leads
+its own session, dies with the server (parent-death signal) and keeps its own time limit. The
+server is single-threaded: forking with threads can deadlock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -54,9 +60,12 @@ from harness import lifetime
 from harness.userdir import UserDirectory, peer
 
 PROJECT_PACKAGES = ("harness", "kernels", "repro", "tests")
-PROTOCOL = 4  # bumped with any change of the messages or of what a server checks: a client
+PROTOCOL = 5  # bumped with any change of the messages or of what a server checks: a client
 # replaces an older warm server
 LOCK_WAIT_S = 10.0  # a second warm server for one socket waits this long for the lock, then exits
+MAX_LINE = 1 << 20  # a request longer than this is no request
+SEND_S = 5.0  # a peer that does not take a message within this long is dropped
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _preload(device: str) -> dict[str, str]:
@@ -85,6 +94,34 @@ def _prime_triton(device: str) -> None:
         key = getattr(cache, "triton_key", None)  # cached per process
         if key is not None:
             key()
+
+
+def own_sources(root: str = ROOT) -> dict[str, str]:
+    """{path under root: sha256} of the project modules this process has imported (a server:
+    the code it runs from memory, whatever its tree holds later)."""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name.partition(".")[0] in PROJECT_PACKAGES and path:
+            rel = os.path.relpath(os.path.abspath(path), root)
+            if not rel.startswith(".."):
+                found[rel] = file_hash(os.path.join(root, rel))
+    return found
+
+
+def file_hash(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return "missing"
+
+
+def differing(sources: dict[str, str], root: str) -> list[str]:
+    """The paths of `sources` whose copy under `root` is not the one hashed."""
+    return sorted(
+        rel for rel, digest in sources.items() if file_hash(os.path.join(root, rel)) != digest
+    )
 
 
 def installed_versions() -> dict[str, str]:
@@ -204,6 +241,27 @@ class _Spare:
         os.close(self.pidfd)
 
 
+def _message(line: bytes) -> dict | None:
+    """A request or a stop, or None: not one."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(message, dict):
+        return None
+    if message.get("stop") is True:
+        return message
+    request = message.get("request")
+    if not (
+        isinstance(message.get("id"), int)
+        and isinstance(message.get("root"), str)
+        and isinstance(request, dict)
+        and isinstance(request.get("log"), str)
+    ):
+        return None
+    return message
+
+
 def _send(sock: socket.socket, message: dict) -> bool:
     """False when the client is gone."""
     try:
@@ -226,6 +284,7 @@ class _Server:
         self, versions: dict[str, str], listener: socket.socket | None = None, spares: bool = False
     ) -> None:
         self.versions, self.listener, self.pid = versions, listener, os.getpid()
+        self.sources = own_sources()
         self.selector = selectors.DefaultSelector()
         self.connections: set[_Connection] = set()
         self.spares: dict[str | None, _Spare] | None = {} if spares else None  # by GPU
@@ -235,9 +294,16 @@ class _Server:
 
     def add(self, sock: socket.socket) -> None:
         conn = _Connection(sock)
+        sock.settimeout(SEND_S)  # a peer that does not read cannot stall the server
         self.connections.add(conn)
         self.selector.register(sock, selectors.EVENT_READ, conn)
-        hello = {"ready": True, "protocol": PROTOCOL, "pid": self.pid, "versions": self.versions}
+        hello = {
+            "ready": True,
+            "protocol": PROTOCOL,
+            "pid": self.pid,
+            "versions": self.versions,
+            "sources": self.sources,
+        }
         if not _send(sock, hello):
             self.drop(conn)
 
@@ -296,19 +362,43 @@ class _Server:
         return idle or not listening()
 
     def _read(self, conn: _Connection) -> None:
-        chunk = conn.sock.recv(1 << 16)
-        if not chunk:
+        """The connection's complete requests; a peer that hangs up (even with a reset), sends
+        what is not a request or a line longer than MAX_LINE is dropped, nothing else."""
+        try:
+            chunk = conn.sock.recv(1 << 16)
+        except OSError:
+            chunk = b""
+        *lines, conn.pending = (conn.pending + chunk).split(b"\n")
+        if not chunk or len(conn.pending) > MAX_LINE:
             self.drop(conn)
             return
-        *lines, conn.pending = (conn.pending + chunk).split(b"\n")
         for line in lines:
-            message = json.loads(line)
+            message = _message(line)
+            if message is None:
+                self.drop(conn)
+                return
             if message.get("stop"):
                 self.stopping = True
                 return
             if conn not in self.connections:
                 return
+            why = self._refusal(message)
+            if why is not None:
+                if not _send(conn.sock, {"id": message["id"], "refused": why}):
+                    self.drop(conn)
+                continue
             self._fork(conn, message)
+
+    def _refusal(self, message: dict) -> str | None:
+        """Why this server must not run `message`: its tree holds other copies of the modules
+        the server runs from memory (None: it may)."""
+        changed = differing(self.sources, message["root"])
+        if not changed:
+            return None
+        return (
+            f"the warm server (pid {self.pid}) runs older copies of {', '.join(changed)} "
+            f"than {message['root']} holds"
+        )
 
     def _fork(self, conn: _Connection, message: dict) -> None:
         pid, pidfd = self._take_spare(message)
@@ -386,6 +476,8 @@ def serve_warm(device: str, directory_fd: int, idle_s: float) -> None:
     if not _take_lock(lock, LOCK_WAIT_S):
         print(f"another warm server for {device} runs in {directory.path}: not started", flush=True)
         return
+    os.ftruncate(lock, 0)
+    os.write(lock, f"{os.getpid()}\n".encode())  # who holds it: `repro serve --status` says
     versions = _preload(device)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     directory.unlink(name)

@@ -9,7 +9,10 @@ servers' sockets (harness.servers) and every child's pidfd, so that:
   own limit (harness.lifetime), in case nobody is left to enforce this one;
 - children and servers die with this process: a server whose socket closes kills its children,
   and every child has a parent-death signal;
-- a server that dies, or does not report a child that exited (stopped, hung), is replaced once
+- a warm server that holds its lock but does not answer (stopped, hung) is killed and replaced
+  by a fresh one for later runs; this run uses a private one (it pays the wait once);
+- a server that refuses a request (its own modules differ from the tree's copies), dies, or does
+  not report a child that exited (stopped, hung), is replaced once
   by a fresh private one (a dead warm server is not asked again) and its runs in flight run
   again, each recorded once; one that cannot start fails its runs (`error`, its output as
   evidence) as soon as it exits;
@@ -50,7 +53,9 @@ from harness.servers import (
     ROOT,
     WARM_IDLE_S,
     Server,
+    Unresponsive,
     child_env,
+    end_holder,
     start_warm,
 )
 from harness.userdir import UnsafeDirectory, UserDirectory
@@ -223,16 +228,28 @@ class Isolator:
         return self.servers[device]
 
     def _warm_server(self, device: str) -> Server | None:
-        """The warm server (`repro serve`) if one runs; a stale one is stopped and a fresh one
-        started for the next run (this one runs on a private server)."""
-        server = Server.connect(device, self.userdir)
-        if server is not None and server.stale:
+        """The warm server (`repro serve`) if one runs and answers. One that is stale (another
+        installation, other copies of its own modules) is stopped, one that holds its lock
+        but does not answer (stopped, hung) is killed, and a fresh one is started for the next
+        runs; this one runs on a private server."""
+        try:
+            server = Server.connect(device, self.userdir)
+        except Unresponsive as e:  # it would cost every later run its wait
+            if not end_holder(e.holder, device, self.userdir):
+                return None
+            print(
+                f"repro: the warm {device} server did not answer ({e.holder.describe()}): "
+                "killed; a fresh one starts",
+                file=sys.stderr,
+            )
+        else:
+            if server is None or not server.stale:
+                return server
             server.send({"stop": True})
             server.sock.close()
-            with contextlib.suppress(OSError):
-                start_warm(device, WARM_IDLE_S, self.userdir)
-            return None
-        return server
+        with contextlib.suppress(OSError):
+            start_warm(device, WARM_IDLE_S, self.userdir)
+        return None
 
     def _drop(self, server: Server) -> None:
         self.selector.unregister(server.sock)
@@ -310,8 +327,12 @@ class _Batch:
     def _start(self, index: int) -> None:
         job, now = self.jobs[index], time.monotonic()
         directory = self.iso.directory / f"job-{next(self.iso.ids)}"
-        directory.mkdir()
         run = _Run(index, job, directory, now, now + job.limit_s, gpu=self._pick_gpu(job))
+        try:
+            directory.mkdir()
+        except OSError as e:  # a full disk: no run can tell anything
+            self._error(run, f"cannot make the run's directory {directory}: {e.strerror}")
+            return
         if self.iso.mode == "spawn" or job.fresh:
             self._spawn(run)
             return
@@ -397,6 +418,9 @@ class _Batch:
                 self._watch(run)
             elif run is not None and "returncode" in message:
                 self._finish(run, message["returncode"])
+            elif run is not None and "refused" in message:
+                self._server_died(server, f"refused a run: {message['refused']}")
+                return
 
     def _watch(self, run: _Run) -> None:
         """Watch a forked child's exit too: a server that stops reporting (stopped, hung) must
@@ -477,6 +501,10 @@ class _Batch:
         text = log.read_text(errors="replace") if log.exists() else ""
         code = None if run.timed_out else returncode
         child = ChildExit(code, run.timed_out, _read_report(report), text, bool(run.job.sanitizer))
+        unwritable = None if child.report is not None else _unwritable(run.directory)
+        if unwritable:  # the child could not write its report, whatever else it printed
+            self._error(run, unwritable)
+            return
         verdict = classify(child)
         scenario_s = (child.report or {}).get("timings", {}).get("scenario_s")
         self._record(run, Result(run.job, verdict.outcome, verdict.evidence, 0.0, scenario_s))
@@ -500,6 +528,23 @@ class _Batch:
         self.results[run.index] = result
         if self.on_result:
             self.on_result(result)
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why a child could not write in `directory` (no space left, a quota, read-only), or None:
+    a page written and removed again."""
+    probe = directory / "probe"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return f"cannot test: {e.strerror} in {directory} (the run's directory): no report written"
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None
 
 
 def _read_report(path: Path) -> dict | None:

@@ -11,6 +11,8 @@ from the variant decides the outcome; when no rule fires the scenario must pass.
 from __future__ import annotations
 
 import ast
+import functools
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -161,6 +163,32 @@ class BugRecord:
                 return s
         raise KeyError(name)
 
+    def usual_s(self, scenario: str, device: str) -> float | None:
+        """The scenario's usual seconds on `device` (a whole child, as `repro check` runs it on
+        the machine its record names), or None when not recorded."""
+        return _usual(self.package).get(device, {}).get(scenario)
+
+    def hang_shown(self, scenario: Scenario, device: str, limit_s: float) -> bool:
+        """Whether a timeout at `limit_s` shows the code under test hanging: the record
+        documents a timeout, or the limit is the record's own or HANG_FACTOR times the usual
+        seconds. Else the limit was too tight to tell."""
+        if Outcome.TIMEOUT in scenario.documented(device):
+            return True
+        usual = self.usual_s(scenario.name, device)
+        enough = (
+            scenario.timeout_s if usual is None else min(scenario.timeout_s, HANG_FACTOR * usual)
+        )
+        return limit_s >= enough
+
+    def tight(self, scenario: Scenario, device: str, limit_s: float) -> str | None:
+        """Why a timeout at `limit_s` could not count (one phrase), or None when it would."""
+        if self.hang_shown(scenario, device, limit_s):
+            return None
+        usual = self.usual_s(scenario.name, device)
+        if usual is None:
+            return f"its usual time on {device} is not recorded"
+        return f"usually {usual:.1f}s on {device}"
+
     def target(self, scenario: Scenario) -> str:
         """Importable name of the scenario function, for the child."""
         return f"{self.package}.scenarios:{scenario.name}"
@@ -178,6 +206,23 @@ class BugRecord:
             if isinstance(node, ast.FunctionDef)
         }
         return {s.name: found.get(s.name, "(no such function)") for s in self.scenarios}
+
+
+# A timeout is the code under test hanging only at a limit of at least this many times the
+# scenario's usual seconds (or at the record's own limit); under it, the limit was too tight to
+# tell: cannot test. The usual seconds ship with the record (USUAL_FILE in its package, per
+# device: `repro bench --usual --write` measures them).
+HANG_FACTOR = 5.0
+USUAL_FILE = "usual.json"
+
+
+@functools.cache
+def _usual(package: str) -> dict:
+    path = Path(sys.modules[package].__file__).with_name(USUAL_FILE)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 MUTANT_KINDS = ("boundary", "partial", "wrong_row", "ordering", "unused_state")  # + external

@@ -5,15 +5,19 @@ detached and reached through its socket; and the environment every server and ch
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from harness.forkserver import PROTOCOL, installed_versions
+from harness.forkserver import PROTOCOL, differing, installed_versions
 from harness.outcome import ENV_ORACLE
 from harness.userdir import UserDirectory, peer
 
@@ -27,6 +31,7 @@ WARM_BOOT = (
 )
 ENV_SERVER = "REPRO_SERVER"  # auto: use a warm server when one runs (repro serve); off: never
 WARM_HELLO_S = 5.0  # a warm server that does not say hello by then is not used
+HELLO_POLL_S = 0.25  # meanwhile, whether its process is stopped is looked at this often
 WARM_IDLE_S = 600.0  # a warm server exits after this long without a client
 
 
@@ -52,6 +57,88 @@ def log_name(device: str) -> str:
     return f"server-{device}.log"
 
 
+def lock_name(device: str) -> str:
+    return f"server-{device}.lock"
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The process that holds a warm server's lock (its pid is in the lock file)."""
+
+    pid: int
+    state: str  # /proc's state letter and word: "T (stopped)"
+    started: float  # when it started, seconds since the epoch
+
+    @property
+    def stopped(self) -> bool:
+        return self.state[:1] in ("T", "t", "Z", "X")
+
+    def describe(self) -> str:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return f"pid {self.pid}, state {self.state}, running since {since}"
+
+
+class Unresponsive(Exception):
+    """A warm server took the connection but said no hello in time (or is stopped)."""
+
+    def __init__(self, holder: Holder) -> None:
+        super().__init__(holder.describe())
+        self.holder = holder
+
+
+def lock_holder(device: str, directory: UserDirectory) -> Holder | None:
+    """This user's process that holds the device's server lock, whether it answers or not;
+    None when no process holds it."""
+    try:
+        fd = directory.open_file(lock_name(device), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 64).decode(errors="replace").strip()
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+    finally:
+        os.close(fd)
+    return _process(int(text)) if text.isdigit() else None
+
+
+def _process(pid: int) -> Holder | None:
+    """The process `pid` if it is this user's (/proc: no privilege needed)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        btime = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError):
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if int(fields.get("Uid", "-1").split()[1]) != os.getuid():
+        return None
+    started = btime + int(stat[19]) / os.sysconf("SC_CLK_TCK")
+    return Holder(pid, fields.get("State", "?").strip(), started)
+
+
+def end_holder(holder: Holder, device: str, directory: UserDirectory, wait_s: float = 10.0):
+    """Kill a warm server that holds the lock but does not answer (this user's: checked), and
+    wait for its lock and socket to go; True when they went."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(holder.pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if lock_holder(device, directory) is None:
+            directory.unlink(socket_name(device))
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def start_warm(device: str, idle_s: float, directory: UserDirectory, root: Path = ROOT):
     """A detached warm server for `device` in `directory` (it inherits the directory's open
     descriptor; its socket appears once torch is imported). OSError: its log cannot be opened
@@ -69,6 +156,29 @@ def start_warm(device: str, idle_s: float, directory: UserDirectory, root: Path 
         )
     finally:
         os.close(log)
+
+
+def _hello(sock: socket.socket, pid: int) -> tuple[dict, bytes]:
+    """The server's hello line (and what followed it); OSError when it does not come within
+    WARM_HELLO_S, or as soon as its process is seen stopped."""
+    data, deadline = b"", time.monotonic() + WARM_HELLO_S
+    sock.settimeout(HELLO_POLL_S)
+    while b"\n" not in data:
+        try:
+            chunk = sock.recv(1 << 16)
+        except TimeoutError:
+            holder = _process(pid)
+            if holder is None or holder.stopped or time.monotonic() > deadline:
+                raise OSError("no hello") from None
+            continue
+        if not chunk:
+            raise OSError("closed before its hello")
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    hello = json.loads(line)
+    if not isinstance(hello, dict):
+        raise ValueError("not a hello")
+    return hello, rest
 
 
 class Server:
@@ -102,7 +212,9 @@ class Server:
     @classmethod
     def connect(cls, device: str, directory: UserDirectory) -> Server | None:
         """The warm server of `device` in `directory`, if one of this user's runs there and
-        answers (`stale` when it does not match this installation)."""
+        answers (`stale` when it does not match this installation or this tree's copies of its
+        own modules). Unresponsive: one of this user's took the connection and said no hello
+        within WARM_HELLO_S (at once when its process is stopped)."""
         if not directory.exists(socket_name(device)):
             return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -118,15 +230,24 @@ class Server:
                 )
                 sock.close()
                 return None
-            hello = json.loads(sock.makefile("rb").readline())
-        except (OSError, ValueError):
+        except OSError:  # nobody listens (gone, or still starting)
             sock.close()
             return None
+        try:
+            hello, rest = _hello(sock, pid)
+        except (OSError, ValueError):
+            sock.close()
+            holder = _process(pid)
+            if holder is None:
+                return None
+            raise Unresponsive(holder) from None
         sock.settimeout(None)
         server = cls(device, sock, None, None)
         server.ready, server.versions, server.pid = True, hello.get("versions", {}), pid
+        server.buffer = rest
         server.log = directory.path / log_name(device)
         server.stale = hello.get("protocol") != PROTOCOL or server.versions != installed_versions()
+        server.stale = server.stale or bool(differing(hello.get("sources", {}), str(ROOT)))
         return server
 
     def send(self, message: dict) -> bool:

@@ -12,6 +12,11 @@ its number of runs times the time per child that only makes a CUDA context, meas
 once (a GPU takes only so many new contexts a second, however many processes ask: about 5.5 on
 the H100 machine we measured; a run in its own process cannot cost less).
 
+--usual: each scenario's usual seconds on the device (a whole child, fixed and buggy, as `repro
+check` runs them: all of a bug's at once, CPU-count children at a time; the larger variant's
+median of N), printed; with --write, shipped in each bug's package (harness.record.USUAL_FILE):
+a timeout under HANG_FACTOR times them cannot tell a hang.
+
 --per-bug: what each bug costs, a row per bug: `repro check BUG` warm (the edit-check loop;
 median of N), its scenarios' own seconds (fixed and buggy, summed, as the children measured
 them), its marker suite (`pytest -m BUG -n auto`, as the README's test command runs it) and its
@@ -34,10 +39,11 @@ from pathlib import Path
 from harness import device as devices
 from harness.fixes import ALL_FIXES, UsageError
 from harness.isolate import Isolator, Job
+from harness.record import USUAL_FILE
 from harness.servers import ENV_SERVER
 from harness.userdir import ENV_SERVER_DIR
 from repro import registry
-from repro.common import device_choice, print_table, unavailable, writable
+from repro.common import device_choice, prepare, print_table, unavailable, writable
 
 CHECK = ("check", "lora_dummy_run", "--scenario", "dummy_run_before_mapping")
 
@@ -49,6 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     b.add_argument("--per-bug", action="store_true", help="a cost row per bug (see above)")
     b.add_argument("--bug", action="append", default=[], help="with --per-bug: only this bug")
+    b.add_argument("--usual", action="store_true", help="each scenario's usual seconds (above)")
+    b.add_argument("--write", action="store_true", help="with --usual: into the records")
     b.set_defaults(run=cmd_bench)
 
 
@@ -88,6 +96,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"{device}: cannot bench: {why}")
         return 125
     repro = [sys.executable, "-m", "repro"]
+    if args.write and not args.usual:
+        raise UsageError("--write goes with --usual")
+    if args.usual:
+        bugs = [registry.get(b) for b in args.bug] or list(registry.BUGS)
+        return _usual(device, bugs, args.repeat, args.write)
     if args.per_bug or args.bug:
         bugs = [registry.get(b).id for b in args.bug] or [b.id for b in registry.BUGS]
         return _per_bug(device, bugs, args.repeat, args.json)
@@ -162,6 +175,58 @@ def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None) -> int
         doc = {"device": device, "cpus": os.cpu_count(), "floor_import": floor, "bugs": rows}
         Path(path).write_text(json.dumps(doc, indent=2))
     return 0
+
+
+def _usual(device: str, bugs: list, repeat: int, write: bool) -> int:
+    """Each scenario's usual seconds (see the module's docstring)."""
+    jobs = [
+        Job(bug.id, s.name, bug.target(s), fixes, device, s.timeout_s, seed)
+        for bug in bugs
+        for fixes in (ALL_FIXES, bug.buggy_variant)
+        for s in bug.scenarios
+        for seed in range(repeat)
+    ]
+    with Isolator("fork") as isolator:
+        why = prepare(isolator, device)
+        if why:
+            print(f"{device}: cannot bench: {why}")
+            return 125
+        isolator.run(Job("bench", "noop", "harness.child:noop", ALL_FIXES, device, 60.0))
+        results = isolator.run_all(jobs)
+    seconds: dict[tuple[str, str], dict[frozenset, list[float]]] = {}
+    for r in results:
+        seconds.setdefault((r.job.bug, r.job.scenario), {}).setdefault(r.job.fixes, []).append(
+            r.seconds
+        )
+    usual = {
+        key: round(max(statistics.median(runs) for runs in by_variant.values()), 2)
+        for key, by_variant in seconds.items()
+    }
+    rows = [("bug", "scenario", f"usual s ({device})")]
+    rows += [(bug, scenario, f"{s:.2f}") for (bug, scenario), s in usual.items()]
+    print_table(rows)
+    if write:
+        how = f"repro bench --usual --repeat {repeat}"
+        where = f"{time.strftime('%Y-%m-%d')}, {_machine(device)}, {how}"
+        for bug in bugs:
+            path = Path(sys.modules[bug.package].__file__).with_name(USUAL_FILE)
+            doc = json.loads(path.read_text()) if path.exists() else {}
+            doc[device] = {s.name: usual[bug.id, s.name] for s in bug.scenarios}
+            doc.setdefault("measured", {})[device] = where
+            path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        print(f"written: {len(bugs)} records' {USUAL_FILE}")
+    return 0
+
+
+def _machine(device: str) -> str:
+    if device == "cuda":
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
+        return done.stdout.strip().splitlines()[0] if done.stdout.strip() else "a GPU"
+    return f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()})"
 
 
 def _report(device: str, figures: dict[str, float], path: str | None) -> int:

@@ -34,6 +34,7 @@ from repro.common import (
     prepare,
     time_limit,
     timeout_option,
+    warn_tight,
 )
 
 CHECK_EPILOG = """\
@@ -42,10 +43,11 @@ exit codes (git bisect run):
   1    a scenario ran and failed (wrong_result, device_assert, illegal_address, crash,
        timeout, sanitizer_error, exception: a Python exception raised by the code under
        test), and a second run showed the same class: the bug is present
-  125  cannot test: the project does not import, a build failed, the harness or a scenario
-       broke (error), no device, bad environment, interrupted, or the failure did not
-       reproduce (flaky); with --symptom, also a failure of another class than the
-       scenario's documented one
+  125  cannot test: the project does not import (or exits while it imports), a build
+       failed, the harness or a scenario broke (error), no device, bad environment,
+       interrupted, the failure did not reproduce (flaky), or a timeout at a limit too tight
+       to tell (--timeout under 5x the scenario's usual time, which its record ships); with
+       --symptom, also a failure of another class than the scenario's documented one
   2    usage error, found before anything heavy starts
   never 128 or more"""
 
@@ -171,6 +173,7 @@ def plan(args: argparse.Namespace) -> Plan:
         for s in bug.scenarios
         if not args.scenario or s.name in args.scenario
     ]
+    warn_tight([(bug, job) for job in jobs], cap)
     suspect = getattr(args, "suspect", None)
     if suspect:
         _own_parts(bug, [suspect])
@@ -203,16 +206,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         rows = [documents.result_json(r, p.bug) for r in results]
         extra = {"verdict": {"exit": EXIT_CANNOT_TEST, "text": why_not}} if why_not else {}
         print(json.dumps(documents.document(rows, **extra), indent=2))
+    hangs = [_hang(p.bug, r) for r in results]
     for r in [] if args.json else results:
         expected = p.bug.scenario(r.job.scenario).expected(p.fixes, p.device)
         mark = "as expected" if r.outcome == expected else f"UNEXPECTED, expected {expected.value}"
+        if not _hang(p.bug, r):
+            mark = f"{_too_tight(p.bug, r)}: cannot test"
         print(f"{p.label} {r.job.scenario}: {r.outcome.value} ({mark}, {r.seconds:.1f}s)")
         if r.evidence:
             print(evidence_lines(r.evidence, "    "))
     if why_not:
         print(f"{p.label}: skipped: {why_not}", file=sys.stderr if args.json else sys.stdout)
         return EXIT_CANNOT_TEST
-    return exit_code(r.outcome for r in results)
+    return exit_code((r.outcome for r in results), hangs)
+
+
+def _hang(bug: BugRecord, r: Result) -> bool:
+    """False for a timeout at a limit too tight to tell a hang (BugRecord.hang_shown)."""
+    scenario = bug.scenario(r.job.scenario)
+    return r.outcome != Outcome.TIMEOUT or bug.hang_shown(scenario, r.job.device, r.job.timeout_s)
+
+
+def _too_tight(bug: BugRecord, r: Result) -> str:
+    why = bug.tight(bug.scenario(r.job.scenario), r.job.device, r.job.timeout_s)
+    return f"stopped at a limit of {r.job.timeout_s:g}s, too tight to tell a hang ({why})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +240,7 @@ class Finding:
     again: Result | None
     documented: frozenset[Outcome] | None  # --symptom: the classes that count
     signed: bool = True  # --symptom: the evidence matches the scenario's failure signature
+    tight: str = ""  # a timeout at a limit too tight to tell a hang: why (then it never counts)
 
     @property
     def flaky(self) -> bool:
@@ -232,12 +250,14 @@ class Finding:
     def counted(self) -> bool:
         o = self.first.outcome
         documented = self.documented is None or (o in self.documented and self.signed)
-        return not self.flaky and documented
+        return not self.flaky and documented and not self.tight
 
     def describe(self) -> str:
         o = self.first.outcome.value
         if not self.first.outcome.is_failure:
             return o
+        if self.tight:
+            return f"{o}, {self.tight}: cannot test, not counted"
         if self.flaky:
             return f"{o}, then {self.again.outcome.value} on a second run: flaky, not counted"
         confirmed = ", confirmed by a second run" if self.again is not None else ""
@@ -275,6 +295,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             again.get(r.job),
             p.bug.scenario(r.job.scenario).documented(p.device) if args.symptom else None,
             p.bug.scenario(r.job.scenario).signed(r.evidence, p.device),
+            "" if _hang(p.bug, r) else _too_tight(p.bug, r),
         )
         for r in first
     ]

@@ -5,7 +5,7 @@ folded by repro/fold.py: the fixed tree holds the fix as plain code, the buggy o
 and neither holds a switch of that bug in kernels/, harness/runner/ or csrc/ (other bugs'
 switches stay, all on). `diff -r` of the two trees is the fix. `--without PART` folds that
 part off and the bug's others on. Exit: 0 written, 2 usage (unknown bug or part, DIR not
-empty), 125 the fold failed or left a switch (named).
+empty or not writable), 125 the fold failed or left a switch (named).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from harness.outcome import EXIT_CANNOT_TEST
 from harness.record import BugRecord
 from harness.servers import ROOT
 from repro import registry
+from repro.common import writable_directory
 from repro.fold import FoldError, fold_bug, leftovers, tree_paths
 
 
@@ -57,6 +58,7 @@ def cmd_checkout(args: argparse.Namespace) -> int:
     target = Path(args.dir)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise UsageError(f"{args.dir}: exists and is not an empty directory")
+    writable_directory(args.dir)
     try:
         changed = fold_bug(ROOT, bug, vals)
     except FoldError as e:

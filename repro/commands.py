@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from harness.fixes import UsageError
 from harness.outcome import EXIT_CANNOT_TEST, EXIT_INTERRUPTED, EXIT_USAGE
@@ -60,11 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def dispatch(argv: Sequence[str]) -> int:
-    """Parse, check and run one command; its exit code (usage errors: 2)."""
+def dispatch(argv: Sequence[str], signalled: Callable[[], bool] = lambda: True) -> int:
+    """Parse, check and run one command; its exit code (usage errors: 2). A KeyboardInterrupt
+    is an interrupt only when `signalled()` says a signal made it (Ctrl-C, SIGTERM); one raised
+    by code (a module that raises it at import) goes on up: it is no verdict."""
     command = None
     try:
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # --help printed: argparse's exit is the verdict
+            return e.code if isinstance(e.code, int) else EXIT_USAGE
         command = args.command
         check_environment()
         time_limit(args)
@@ -73,6 +78,8 @@ def dispatch(argv: Sequence[str]) -> int:
         print(f"repro: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
+        if not signalled():
+            raise
         print("repro: interrupted", file=sys.stderr)
         return (
             EXIT_INTERRUPTED if command in ("matrix", "mutants", "detectors") else EXIT_CANNOT_TEST

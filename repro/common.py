@@ -16,7 +16,7 @@ from harness.child import PREPARE
 from harness.fixes import ALL_FIXES, UsageError
 from harness.isolate import ENV_ISOLATION, MODES, Isolator, Job
 from harness.outcome import Outcome
-from harness.record import DTYPES
+from harness.record import DTYPES, HANG_FACTOR, BugRecord
 from harness.servers import ENV_SERVER
 from harness.userdir import ENV_SERVER_DIR
 
@@ -66,6 +66,27 @@ def time_limit(args: argparse.Namespace) -> float | None:
 
 def capped(timeout_s: float, cap: float | None) -> float:
     return timeout_s if cap is None else min(timeout_s, cap)
+
+
+def warn_tight(planned: list[tuple[BugRecord, Job]], cap: float | None) -> None:
+    """One line when the cap is too tight to tell a hang in some scenario: a timeout there
+    cannot test (125); it is no verdict (BugRecord.hang_shown)."""
+    if cap is None:
+        return
+    tight = {
+        f"{job.scenario} ({phrase})"
+        for bug, job in planned
+        if (phrase := bug.tight(bug.scenario(job.scenario), job.device, job.timeout_s))
+    }
+    if tight:
+        shown = ", ".join(sorted(tight)[:4]) + (
+            f" and {len(tight) - 4} more" if len(tight) > 4 else ""
+        )
+        print(
+            f"repro: a time limit of {cap:g}s is under {HANG_FACTOR:g}x the usual time of {shown}: "
+            "a timeout there cannot test (125), it is no verdict",
+            file=sys.stderr,
+        )
 
 
 def check_environment() -> None:
@@ -145,9 +166,14 @@ def print_table(rows: list[tuple[str, ...]]) -> None:
 
 
 def devices_wanted(requested: str | None) -> list[str]:
+    """The devices asked for; of "all" (the default), those this machine has, and on stderr why
+    cuda is not among them (a run on a machine without a GPU should not pass for a full one)."""
     requested = requested or os.environ.get(devices.ENV_DEVICE) or "all"
     if requested == "all":
-        return ["cpu", "cuda"] if devices.cuda_available() else ["cpu"]
+        why_not = unavailable("cuda")
+        if why_not:
+            print(f"cuda: skipped: {why_not}", file=sys.stderr)
+        return ["cpu"] if why_not else ["cpu", "cuda"]
     return [devices.resolve(device_choice(requested))]
 
 
@@ -178,3 +204,17 @@ def writable(path: str, option: str) -> None:
         raise UsageError(f"{option} {path}: cannot write: {e.strerror}") from None
     os.close(fd)
     os.unlink(temporary)
+
+
+def writable_directory(path: str) -> None:
+    """A usage error unless files can be written into `path`, a directory or one to be made:
+    a temporary directory is made in it, or in its nearest existing parent, and removed (tried
+    now, before anything is written; nothing is left behind)."""
+    target = Path(os.path.realpath(path))
+    existing = next(p for p in (target, *target.parents) if os.path.exists(p))
+    if not existing.is_dir():
+        raise UsageError(f"{path}: cannot write: {existing} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".repro-", dir=existing))
+    except OSError as e:
+        raise UsageError(f"{path}: cannot write in {existing}: {e.strerror}") from None

@@ -1,8 +1,10 @@
 """`repro matrix`: every bug x {fixed, buggy} (x each single-part removal) x device, and its
 results: progress lines, a summary table, JSON and JUnit files.
 
-Exit: 0 every run showed its expected outcome, 1 otherwise, 125 nothing could run, 130
-interrupted (the summary and the files still cover what finished), 2 usage error.
+Exit: 0 every run showed its expected outcome, 1 otherwise, 125 nothing could run or every run
+was as expected but a --json or --junit file could not be written (the matrix still finishes and
+writes the others; stderr names the lost one and why), 130 interrupted (the summary and the files
+still cover what finished), 2 usage error.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.fixes import UsageError, Variant, describe, select_variant
@@ -27,6 +30,7 @@ from repro.common import (
     print_table,
     time_limit,
     timeout_option,
+    warn_tight,
     writable,
 )
 
@@ -97,6 +101,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                     cap = time_limit(args)
                     jobs = _jobs(bug, fixes, device, args.repeat, cap, args.dtype)
                     plan += [(bug, job) for job in jobs]
+        warn_tight(plan, time_limit(args))
         if not plan:
             print("matrix: nothing could run", file=sys.stderr)
             return EXIT_CANNOT_TEST
@@ -108,31 +113,51 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             results, code = e.results, EXIT_INTERRUPTED
     cells = [_cell(records[r.job], r) for r in results]
     print_summary(cells, time.monotonic() - start)
-    files.finish(cells)
+    written = files.finish(cells)
     if code is not None:
         print("matrix: interrupted; unfinished runs are skipped (interrupted)", file=sys.stderr)
         return code
-    return 0 if all(c.ok for c in cells) else 1
+    if not all(c.ok for c in cells):
+        return 1
+    return 0 if written else EXIT_CANNOT_TEST
 
 
 class _Files:
-    """--json and --junit, rewritten after every finished run (nothing lost if killed)."""
+    """--json and --junit, rewritten after every finished run (nothing lost if killed). A write
+    that fails (its directory removed, a full disk) does not stop the matrix: `finish` writes
+    each file whole once more and names on stderr the one that still cannot be written."""
 
     def __init__(self, args: argparse.Namespace, devices_used: set[str]) -> None:
         self.json = documents.LiveJson(args.json, devices_used) if args.json else None
         self.junit = documents.LiveJunit(args.junit) if args.junit else None
+        self.lost: dict[str, str] = {}  # "--json FILE": why its last write failed
 
     def add(self, cell: Cell) -> None:
         if self.json:
-            self.json.add(documents.result_json(cell.result))
+            self._write(
+                f"--json {self.json.path}", self.json.add, documents.result_json(cell.result)
+            )
         if self.junit:
-            self.junit.add(cell)
+            self._write(f"--junit {self.junit.path}", self.junit.add, cell)
 
-    def finish(self, cells: list[Cell]) -> None:
+    def finish(self, cells: list[Cell]) -> bool:
+        """Write both whole; whether both were written (on stderr, why not)."""
         if self.json:
-            self.json.finish([documents.result_json(c.result) for c in cells])
+            rows = [documents.result_json(c.result) for c in cells]
+            self._write(f"--json {self.json.path}", self.json.finish, rows)
         if self.junit:
-            self.junit.finish(cells)
+            self._write(f"--junit {self.junit.path}", self.junit.finish, cells)
+        for file, why in self.lost.items():
+            print(f"matrix: {file}: not written: {why}", file=sys.stderr)
+        return not self.lost
+
+    def _write(self, file: str, write: Callable[..., None], arg: object) -> None:
+        try:
+            write(arg)
+        except OSError as e:
+            self.lost[file] = e.strerror or str(e)
+        else:
+            self.lost.pop(file, None)
 
 
 def _jobs(bug: BugRecord, fixes: Variant, device: str, repeat: int, cap: float | None, dtype: str):

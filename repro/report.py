@@ -42,6 +42,8 @@ def load(path: str) -> dict:
     """A results document, checked against its schema; anything else is a usage error."""
     try:
         doc = json.loads(Path(path).read_text())
+    except RecursionError:  # json's decoder recurses once per nested array or object
+        raise UsageError(f"{path}: not a results document: nested too deeply") from None
     except (OSError, ValueError) as e:
         raise UsageError(f"{path}: not a results document: {e}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_ID:

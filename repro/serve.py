@@ -8,14 +8,19 @@ torch nor for starting a server.
 The server imports torch, Triton and numpy, never initializes CUDA, and listens on a socket in
 this user's directory (harness.userdir: owned by this user, mode 0700, checked at every use;
 elsewhere nothing starts), for clients of its own uid only; one server per socket (a lock).
-`--status` and `--stop` never start one. A cuda server keeps one spare child per GPU with its CUDA
-context made (holding that GPU's context memory while it waits) for the next request from the
-same environment (harness.forkserver). `run`, `check`, `matrix` and `mutants` use it when it
-runs (unless $REPRO_SERVER=off) and start a private server otherwise. Its children import the
-project from the caller's tree after the fork, in the caller's environment: a server started
-before a `git checkout` runs the new code after it. One whose torch, Triton or numpy version no
-longer matches the installed one, or whose protocol is older, is stopped and replaced. It exits
-when idle for --idle seconds (default 600), when stopped, or when its socket is removed.
+`--status` and `--stop` never start one. A server that holds the lock but does not answer (stopped,
+hung, still importing torch) is named by `--status` (pid, state, since when) and killed by `--stop`
+(it is this user's: same uid, our lock); `repro serve` and any run replace one that took a
+connection and said nothing, or is stopped. A cuda server keeps one spare child per GPU with its
+CUDA context made (holding that GPU's context memory while it waits) for the next request from the
+same environment (harness.forkserver). `run`, `check`, `matrix` and `mutants` use it when it runs
+(unless $REPRO_SERVER=off) and start a private server otherwise. Its children import the project
+from the caller's tree after the fork, in the caller's environment: a server started before a `git
+checkout` runs the new code after it; its own modules (the server's code, held in memory) are
+hashed, and a tree whose copies differ is not served by it. One whose torch, Triton or numpy
+version no longer matches the installed one, whose protocol is older, or whose own modules differ
+from the caller's tree, is stopped and replaced. It exits when idle for --idle seconds (default
+600), when stopped, or when its socket is removed.
 Exit: 0 (running, stopped, or status printed), 125 it could not start, 2 usage error.
 """
 
@@ -29,7 +34,17 @@ import time
 from harness import device as devices
 from harness.fixes import UsageError
 from harness.outcome import EXIT_CANNOT_TEST
-from harness.servers import WARM_IDLE_S, Server, log_name, socket_name, start_warm
+from harness.servers import (
+    WARM_IDLE_S,
+    Holder,
+    Server,
+    Unresponsive,
+    end_holder,
+    lock_holder,
+    log_name,
+    socket_name,
+    start_warm,
+)
 from harness.userdir import UnsafeDirectory, UserDirectory
 from repro.common import device_choice, unavailable
 
@@ -64,10 +79,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, device: str, directory: UserDirectory) -> int:
-    server = Server.connect(device, directory)
+    try:
+        server = Server.connect(device, directory)
+        silent = None if server is not None else lock_holder(device, directory)
+        hung = silent is not None and silent.stopped
+    except Unresponsive as e:
+        server, silent, hung = None, e.holder, True
     if args.status:
-        print(_describe(device, server, directory))
+        print(_describe(device, server, directory) if silent is None else _silent(device, silent))
         return 0
+    if silent is not None and (args.stop or hung):  # ours, and of no use to anyone: it goes
+        ended = end_holder(silent, device, directory)
+        print(f"{device}: {'killed' if ended else 'could not kill'} {_silent(device, silent)}")
+        if args.stop or not ended:
+            return 0 if ended else EXIT_CANNOT_TEST
     if server is not None and (args.stop or server.stale):
         server.send({"stop": True})
         server.sock.close()
@@ -96,7 +121,10 @@ def _start(device: str, idle_s: float, directory: UserDirectory) -> int:
         return EXIT_CANNOT_TEST
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline and proc.poll() in (None, 0):
-        server = Server.connect(device, directory)
+        try:
+            server = Server.connect(device, directory)
+        except Unresponsive:
+            server = None
         if server is not None and not server.stale:
             print(_describe(device, server, directory))
             return 0
@@ -112,6 +140,13 @@ def _describe(device: str, server: Server | None, directory: UserDirectory) -> s
     versions = json.dumps(server.versions, sort_keys=True)
     stale = " (stale: another installation; the next run replaces it)" if server.stale else ""
     return f"{device}: warm server at {where}, pid {server.pid}, versions {versions}{stale}"
+
+
+def _silent(device: str, holder: Holder) -> str:
+    return (
+        f"the warm {device} server that holds its lock does not answer ({holder.describe()}): "
+        "stopped, hung or starting"
+    )
 
 
 def _wait_gone(device: str, directory: UserDirectory, timeout_s: float = 10.0) -> None:

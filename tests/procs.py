@@ -70,9 +70,12 @@ def survivors(tag: str, timeout_s: float = 10.0, exclude: tuple[int, ...] = ()) 
 ROOT = Path(__file__).resolve().parent.parent
 # The `repro` entry point in a fresh interpreter, importing this tree; at exit it says whether
 # torch was imported (the parent never should).
+# It is the command's own process (the guard's child, repro.cli): its verdict goes to a pipe
+# nobody reads, and the guard's own tests run the real entry points.
 PROBE = """
-import sys
+import os, sys
 sys.path.insert(0, sys.argv.pop(1))
+os.environ["REPRO_VERDICT_FD"] = str(os.pipe()[1])
 try:
     from repro.cli import main
     main(sys.argv[1:])
