@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import FLOAT_DTYPES, require_dtype, require_power_of_two
+from kernels.launch import FLOAT_DTYPES, require_dtype, require_power_of_two
 
 BLOCK_K = 128
 

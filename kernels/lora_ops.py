@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import FLOAT_DTYPES, require_dtype
+from kernels.launch import FLOAT_DTYPES, require_dtype
 
 Launch = Callable[..., None]
 BLOCK_M, BLOCK_K = 16, 32

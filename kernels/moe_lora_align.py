@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import launch  # noqa: F401  # the interpreter's patches (CPU runs)
+
 SMALL_BATCH_MAX_NUMEL = 1024  # small path: numel < this and E <= SMALL_BATCH_MAX_EXPERTS
 SMALL_BATCH_MAX_EXPERTS = 64
 SMALL_BATCH_CHUNK = 128  # pairs per one-hot tile: [128, 64] int32 is 32 KiB

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import FLOAT_DTYPES, require_dtype
+from kernels.launch import FLOAT_DTYPES, require_dtype
 
 BLOCK_T = 64  # tokens per block (the sort) and per program (the finalize)
 BLOCK_N = 32

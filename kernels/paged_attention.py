@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import FLOAT_DTYPES, require_dtype
+from kernels.launch import FLOAT_DTYPES, require_dtype
 
 BLOCK_P = 32
 BLOCK_Q = 16  # query tokens of one row per tile

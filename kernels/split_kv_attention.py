@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import FLOAT_DTYPES, require_dtype
+from kernels.launch import FLOAT_DTYPES, require_dtype
 from kernels.paged_attention import attend_positions, head_pack, kv_heads_of, kv_scale_args
 
 BLOCK_P = 32

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import FLOAT_DTYPES, require_dtype
+from kernels.launch import FLOAT_DTYPES, require_dtype
 
 BLOCK_T = 64
 MAX_EXPERTS = 64  # the picked experts of a row are bits of one int64

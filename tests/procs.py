@@ -80,12 +80,25 @@ try:
     from repro.cli import main
     main(sys.argv[1:])
 finally:
-    print("torch imported:", "torch" in sys.modules, file=sys.stderr)
+    print("torch imported:", any(m in sys.modules for m in ("torch", "triton", "numpy")),
+          file=sys.stderr)
 """
 
 
-def repro_command(*argv: str) -> list[str]:
-    return [sys.executable, "-c", PROBE, str(ROOT), *argv]
+# PROBE on a machine that looks like a GPU machine to the client: the installed torch a CUDA
+# build and one GPU in the driver's files (both are read without importing torch: harness.device).
+# The children it starts see the real machine.
+FAKE_GPU = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from harness import device
+device.torch_cuda_version = lambda: "13.0"
+device._machine_gpus = lambda: ["0"]
+"""
+
+
+def repro_command(*argv: str, fake_gpu: bool = False) -> list[str]:
+    return [sys.executable, "-c", (FAKE_GPU if fake_gpu else "") + PROBE, str(ROOT), *argv]
 
 
 def installed_repro() -> str:
