@@ -14,8 +14,10 @@ What every child would repeat and is CUDA-free is done once, before any fork (_p
 own cache key (a hash of its compiler and its library: 0.4 s per child on an H100 machine), the
 modules its compiler imports at the first launch, and torch._dynamo (imported by the first use of
 a TorchDispatchMode, which the graph emulation records with: 1.2 s per capturing child). A warm
-cuda server also keeps one spare child per GPU ahead of the next request: forked in the
-environment of the request before it, the spare creates its CUDA context and waits; a request
+cuda server also keeps spare children per GPU ahead of the next requests (SPARES while it is
+idle, so that each scenario of a check finds a CUDA context made; one while children run, so
+that spares do not take the GPU's context creation from them): forked in the environment of the
+newest request (at start, the server's own), a spare creates its CUDA context and waits; a request
 with that same environment and GPU takes it (its clock starts then), any other request gets a
 fresh fork. The context is made before any project module is imported and nothing is
 allocated, so a spare runs a scenario as a fresh child would.
@@ -63,6 +65,7 @@ PROJECT_PACKAGES = ("harness", "kernels", "repro", "tests")
 PROTOCOL = 5  # bumped with any change of the messages or of what a server checks: a client
 # replaces an older warm server
 LOCK_WAIT_S = 10.0  # a second warm server for one socket waits this long for the lock, then exits
+SPARES = 8  # spare children per GPU of an idle warm cuda server (a check's scenarios at once)
 MAX_LINE = 1 << 20  # a request longer than this is no request
 SEND_S = 5.0  # a peer that does not take a message within this long is dropped
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -210,7 +213,7 @@ def _fork(run, *args) -> int:
 
 
 class _Spare:
-    """A spare child waiting for its request on a pipe (a warm cuda server, one per GPU)."""
+    """A spare child waiting for its request on a pipe (a warm cuda server's, per GPU)."""
 
     def __init__(self, request: dict, server_pid: int) -> None:
         self.gpu = request.get("gpu")
@@ -287,7 +290,8 @@ class _Server:
         self.sources = own_sources()
         self.selector = selectors.DefaultSelector()
         self.connections: set[_Connection] = set()
-        self.spares: dict[str | None, _Spare] | None = {} if spares else None  # by GPU
+        self.spares: dict[str | None, list[_Spare]] | None = {} if spares else None  # by GPU
+        self.spare_for: dict[str | None, dict] = {}  # by GPU: the request spares are made like
         self.last_active, self.stopping = time.monotonic(), False
         if listener is not None:
             self.selector.register(listener, selectors.EVENT_READ, "listener")
@@ -352,8 +356,9 @@ class _Server:
                 return
         for conn in list(self.connections):
             self.drop(conn)
-        for spare in list((self.spares or {}).values()):
-            self._discard_spare(spare)
+        for pool in list((self.spares or {}).values()):
+            for spare in list(pool):
+                self._discard_spare(spare)
 
     def _should_exit(self, idle_s: float | None, listening: Callable[[], bool]) -> bool:
         """Idle (no client, so no child) for idle_s, or the socket file was removed."""
@@ -416,34 +421,39 @@ class _Server:
     # -- spares (a warm cuda server) --------------------------------------------------------------
 
     def _take_spare(self, message: dict) -> tuple[int | None, int | None]:
-        """(pid, pidfd) of the spare that now runs `message`; (None, None) when none fits."""
+        """(pid, pidfd) of the spare that now runs `message`, the oldest (its context the likeliest
+        made); (None, None) when none fits."""
         request = message["request"]
-        spare = (self.spares or {}).get(request.get("gpu"))
-        if spare is None or not spare.fits(request):
-            return None, None
-        del self.spares[spare.gpu]
-        self.selector.unregister(spare.pidfd)
-        if not spare.hand_over(message):  # it died meanwhile: fork afresh
-            spare.discard()
-            return None, None
-        return spare.pid, spare.pidfd
+        pool = (self.spares or {}).get(request.get("gpu"), [])
+        while pool:
+            spare = pool.pop(0)
+            self.selector.unregister(spare.pidfd)
+            if spare.fits(request) and spare.hand_over(message):
+                return spare.pid, spare.pidfd
+            spare.discard()  # of another environment, or it died meanwhile
+        return None, None
 
     def _make_spare(self, request: dict) -> None:
-        """A spare for the next request like this one on its GPU (the newest environment wins)."""
-        if self.spares is None:
-            return
-        old = self.spares.get(request.get("gpu"))
-        if old is not None and old.fits(request):
-            return
-        if old is not None:
-            self._discard_spare(old)
-        spare = _Spare(request, self.pid)
-        self.spares[spare.gpu] = spare
-        self.selector.register(spare.pidfd, selectors.EVENT_READ, spare)
+        """Spares from now on are made like `request` on its GPU (the newest environment wins)."""
+        if self.spares is not None:
+            self.spare_for[request.get("gpu")] = request
+            self._top_up()
+
+    def _top_up(self) -> None:
+        """Each GPU's pool up to SPARES while no child runs, else up to one."""
+        busy = any(conn.children for conn in self.connections)
+        for gpu, request in self.spare_for.items():
+            pool = self.spares.setdefault(gpu, [])
+            for spare in [s for s in pool if not s.fits(request)]:
+                self._discard_spare(spare)
+            while len(pool) < (1 if busy else SPARES):
+                spare = _Spare(request, self.pid)
+                pool.append(spare)
+                self.selector.register(spare.pidfd, selectors.EVENT_READ, spare)
 
     def _discard_spare(self, spare: _Spare) -> None:
         self.selector.unregister(spare.pidfd)
-        del self.spares[spare.gpu]
+        self.spares[spare.gpu].remove(spare)
         spare.discard()
 
     def _reaped(self, conn: _Connection, pidfd: int) -> None:
@@ -454,6 +464,8 @@ class _Server:
         self.last_active = time.monotonic()
         if not _send(conn.sock, {"id": rid, "returncode": os.waitstatus_to_exitcode(status)}):
             self.drop(conn)
+        if self.spares is not None:
+            self._top_up()
 
 
 def serve(device: str, fd: int) -> None:
@@ -471,6 +483,7 @@ def serve_warm(device: str, directory_fd: int, idle_s: float) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     directory = UserDirectory.adopt(directory_fd)
+    environment = dict(os.environ)  # a client's child_env() from the same shell: the spares'
     name = f"server-{device}.sock"
     lock = directory.open_file(f"server-{device}.lock", os.O_RDWR | os.O_CREAT)
     if not _take_lock(lock, LOCK_WAIT_S):
@@ -489,6 +502,8 @@ def serve_warm(device: str, directory_fd: int, idle_s: float) -> None:
     listener.listen(64)
     try:
         server = _Server(versions, listener, spares=device == "cuda")
+        if device == "cuda":  # the first check finds spares made in the server's environment
+            server._make_spare({"env": environment})
         server.run(idle_s, lambda: directory.exists(name))
     finally:
         listener.close()

@@ -43,7 +43,7 @@ from harness.record import USUAL_FILE
 from harness.servers import ENV_SERVER
 from harness.userdir import ENV_SERVER_DIR
 from repro import registry
-from repro.common import device_choice, prepare, print_table, unavailable, writable
+from repro.common import BENCH_SCHEMA, device_choice, prepare, print_table, unavailable, writable
 
 CHECK = ("check", "lora_dummy_run", "--scenario", "dummy_run_before_mapping")
 
@@ -172,7 +172,13 @@ def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None) -> int
     )
     print_table(table)
     if path:
-        doc = {"device": device, "cpus": os.cpu_count(), "floor_import": floor, "bugs": rows}
+        doc = {
+            "schema": BENCH_SCHEMA,
+            "device": device,
+            "cpus": os.cpu_count(),
+            "floor_import": floor,
+            "bugs": rows,
+        }
         Path(path).write_text(json.dumps(doc, indent=2))
     return 0
 
@@ -236,6 +242,11 @@ def _report(device: str, figures: dict[str, float], path: str | None) -> int:
     print(f"repro bench on {device} ({platform.node()}, {os.cpu_count()} CPUs)")
     print_table(rows)
     if path:
-        result = {"device": device, "cpus": os.cpu_count(), "figures": figures}
+        result = {
+            "schema": BENCH_SCHEMA,
+            "device": device,
+            "cpus": os.cpu_count(),
+            "figures": figures,
+        }
         Path(path).write_text(json.dumps(result, indent=2))
     return 0

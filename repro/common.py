@@ -20,6 +20,7 @@ from harness.record import DTYPES, HANG_FACTOR, BugRecord
 from harness.servers import ENV_SERVER
 from harness.userdir import ENV_SERVER_DIR
 
+BENCH_SCHEMA = "repro-bench/1"  # `repro bench --json` (read by `repro diff`)
 ENV_TIMEOUT = "REPRO_TIMEOUT"  # caps every scenario's time limit, as --timeout does
 
 BUILD_TIMEOUT_S = 900.0  # the first csrc build takes about a minute; a loaded machine, more
@@ -62,6 +63,45 @@ def time_limit(args: argparse.Namespace) -> float | None:
         return _seconds(args.timeout, "--timeout")
     value = os.environ.get(ENV_TIMEOUT)
     return None if value is None else _seconds(value, f"${ENV_TIMEOUT}")
+
+
+def shard_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run part K of N only: a deterministic split balanced by each run's usual seconds "
+        "(the records'), disjoint, the N parts together the whole (CI's runners)",
+    )
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """(K, N) of --shard K/N, 1 <= K <= N; None without it."""
+    if text is None:
+        return None
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise UsageError(f"--shard takes K/N with 1 <= K <= N, got {text!r}")
+    return int(k), int(n)
+
+
+def take_shard(items: list, shard: tuple[int, int] | None, cost, key) -> list:
+    """Part K of N of `items` (in their order): longest first onto the least loaded part, ties
+    by `key` then by the part's number, so every part computes the same split."""
+    if shard is None:
+        return items
+    k, n = shard
+    order = sorted(range(len(items)), key=lambda i: (-cost(items[i]), key(items[i]), i))
+    loads, owner = [0.0] * n, {}
+    for i in order:
+        part = min(range(n), key=lambda j: (loads[j], j))
+        loads[part] += cost(items[i])
+        owner[i] = part
+    return [item for i, item in enumerate(items) if owner[i] == k - 1]
+
+
+def job_cost(bug: BugRecord, job: Job) -> float:
+    """A run's usual seconds (its record's), 1 when not recorded."""
+    return bug.usual_s(job.scenario, job.device) or 1.0
 
 
 def capped(timeout_s: float, cap: float | None) -> float:

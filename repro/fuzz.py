@@ -64,6 +64,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"seconds of shrinking (default {SHRINK_S:g})",
     )
     f.add_argument("--json", metavar="FILE", help="write the finding (or none) as JSON")
+    f.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="search only every N-th seed of --seed's range from the K-th (CI's runners)",
+    )
     f.add_argument("--replay", metavar="PROGRAM", help="run one program (JSON, or @FILE) once")
     f.set_defaults(run=cmd_fuzz)
 
@@ -419,11 +424,16 @@ def _seeds(text: str) -> list[int]:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from repro.common import device_choice, prepare, time_limit
+    from repro.common import device_choice, parse_shard, prepare, time_limit
 
     fixes = variant(args)
     program = _program(args.replay) if args.replay is not None else None
     seeds = _seeds(args.seed)
+    shard = parse_shard(args.shard)
+    if shard is not None:
+        seeds = seeds[shard[0] - 1 :: shard[1]]
+        if not seeds:
+            raise UsageError(f"--shard {args.shard}: --seed {args.seed} has no seed for this part")
     for name in ("budget", "shrink"):
         value = getattr(args, name)
         if not 0 < value < float("inf") and not (name == "shrink" and value == 0):

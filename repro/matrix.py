@@ -26,8 +26,12 @@ from repro.common import (
     capped,
     devices_wanted,
     dtype_option,
+    job_cost,
+    parse_shard,
     prepare_devices,
     print_table,
+    shard_option,
+    take_shard,
     time_limit,
     timeout_option,
     warn_tight,
@@ -52,6 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--jobs", type=int, help="children at once (default: CPU count)")
     timeout_option(m)
     dtype_option(m)
+    shard_option(m)
     m.add_argument("--json", metavar="FILE", help="write results as JSON")
     m.add_argument("--junit", metavar="FILE", help="write results as JUnit XML")
     m.set_defaults(run=cmd_matrix)
@@ -71,6 +76,19 @@ class Cell:
         return self.result.outcome == self.expected and self.signed
 
 
+def _key(planned: tuple[BugRecord, Job]) -> tuple:
+    """A run's stable name: what --shard splits by."""
+    job = planned[1]
+    return (
+        job.device,
+        job.dtype,
+        job.bug,
+        job.scenario,
+        sorted(f.value for f in job.fixes),
+        job.seed,
+    )
+
+
 def _variants(bug: BugRecord, each_part: bool) -> list[Variant]:
     variants = [select_variant(bug.fix_parts, "fixed"), bug.buggy_variant]
     if each_part and len(bug.fix_parts) > 1:
@@ -84,6 +102,7 @@ def _check(args: argparse.Namespace) -> tuple[list[BugRecord], list[str]]:
         raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    parse_shard(args.shard)
     for option, path in (("--json", args.json), ("--junit", args.junit)):
         if path:
             writable(path, option)
@@ -101,6 +120,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                     cap = time_limit(args)
                     jobs = _jobs(bug, fixes, device, args.repeat, cap, args.dtype)
                     plan += [(bug, job) for job in jobs]
+        plan = take_shard(plan, parse_shard(args.shard), lambda p: job_cost(*p), _key)
         warn_tight(plan, time_limit(args))
         if not plan:
             print("matrix: nothing could run", file=sys.stderr)

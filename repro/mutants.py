@@ -39,7 +39,7 @@ from harness.record import Mutant
 from harness.servers import ENV_SERVER, ROOT
 from harness.userdir import ENV_SERVER_DIR
 from repro import registry
-from repro.common import print_table, unavailable, writable
+from repro.common import parse_shard, print_table, shard_option, take_shard, unavailable, writable
 from repro.results import replace
 
 TREE = ("harness", "kernels", "repro", "csrc")  # what a check of a copy needs
@@ -55,6 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--jobs", type=int, help="checks at once (default: the CPU count)")
     m.add_argument("--json", metavar="FILE", help="write the results as JSON")
     m.add_argument("--list", action="store_true", help="print the catalogue, run nothing")
+    shard_option(m)
     m.add_argument(
         "--catalogue",
         metavar="FILE",
@@ -139,6 +140,12 @@ class Cell:
         return self.verdict == ("survived" if self.mutant.equivalent else "killed")
 
 
+def _cost(chosen: tuple[str, Mutant]) -> float:
+    """What checking a mutant of its bug costs: the bug's scenarios' usual cpu seconds."""
+    bug = registry.get(chosen[0])
+    return sum(bug.usual_s(s.name, "cpu") or 1.0 for s in bug.scenarios)
+
+
 def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, Mutant]], list[str]]:
     bugs = [registry.get(b).id for b in args.bug] or [b.id for b in registry.BUGS]
     if args.catalogue:
@@ -151,6 +158,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, Mutant]], list[str]
             raise UsageError(f"no mutant {name!r}; mutants: {', '.join(sorted(names))}")
     if args.mutant:
         chosen = [(b, m) for b, m in chosen if m.name in args.mutant]
+    chosen = take_shard(chosen, parse_shard(args.shard), _cost, lambda c: (c[0], c[1].name))
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.fuzz is not None and not 0 < args.fuzz < float("inf"):

@@ -1,7 +1,7 @@
 """`repro report` and `repro diff`: results documents (repro-results/1) for people.
 
-    repro report FILE... [--markdown OUT] [--html OUT]
-    repro diff A.json B.json
+    repro report FILE... [--markdown OUT] [--html OUT] [--junit OUT]
+    repro diff A.json[,A2.json...] B.json[,B2.json...]
 
 `report` prints a Markdown table (the job summary's, or the terminal's): one row per bug and
 scenario, one column per variant and device, each cell the outcome(s) with a mark where it is not
@@ -9,7 +9,12 @@ the expected one; `--html` writes a self-contained page with the same grid in co
 evidence on hover and on click, timings, and the provenance of every file. `diff` lists the runs
 whose outcome changed between two documents (two commits, CPU vs GPU, two GPUs): exit 1 when any
 did, 0 when none, 2 usage error. Runs are matched by bug, scenario, variant and seed, and by
-device unless each file ran one device and they differ (CPU vs GPU).
+device unless each file ran one device and they differ (CPU vs GPU). Several files (a sharded run's
+parts, comma-separated in `diff`) are read as one.
+
+`diff` of two `repro bench --json` files (repro-bench/1) names every figure that got more than
+SLOWER times slower (and at least NOISE_S seconds), and exits 1 when any did: CI's warning step
+against the last main run's bench.
 """
 
 from __future__ import annotations
@@ -21,8 +26,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.fixes import UsageError
-from repro.results import SCHEMA_ID, problem
+from repro.common import BENCH_SCHEMA
+from repro.results import SCHEMA_ID, LiveJunit, problem
 
+SLOWER = 1.5  # a figure this many times slower than before is named by `repro diff`
+NOISE_S = 0.05  # ... when it also grew by at least this many seconds
 OUTCOME_COLOURS = {"pass": "#cfe8cf", "skipped": "#e6e6e6"}  # failures: by expectation below
 
 
@@ -31,9 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("files", nargs="+", metavar="FILE", help="results JSON (repro-results/1)")
     r.add_argument("--markdown", metavar="OUT", help="write the Markdown here (default: stdout)")
     r.add_argument("--html", metavar="OUT", help="write a self-contained HTML page")
-    d = sub.add_parser("diff", help="the runs whose outcome changed between two results files")
-    d.add_argument("a", metavar="A.json")
-    d.add_argument("b", metavar="B.json")
+    r.add_argument("--junit", metavar="OUT", help="write one JUnit file of every run")
+    d = sub.add_parser(
+        "diff", help="the runs whose outcome changed (results), or the figures that slowed (bench)"
+    )
+    d.add_argument("a", metavar="A.json", help="a file, or several (a sharded run) joined by ','")
+    d.add_argument("b", metavar="B.json", help="the same for the other side")
     r.set_defaults(run=cmd_report)
     d.set_defaults(run=cmd_diff)
 
@@ -156,6 +167,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(text, end="")
     if args.html:
         Path(args.html).write_text(html_page(docs))
+    if args.junit:
+        LiveJunit(args.junit).rows([r for doc in docs for r in doc["results"]])
     return 0
 
 
@@ -167,8 +180,56 @@ def _keyed(doc: dict, with_device: bool) -> dict[tuple, str]:
     return {key(r): r["outcome"] for r in doc["results"]}
 
 
+def _merged(paths: str) -> dict:
+    """Results documents read as one (a sharded run's parts): their runs together."""
+    docs = [load(path) for path in paths.split(",")]
+    return {**docs[0], "results": [r for doc in docs for r in doc["results"]]}
+
+
+def _is_bench(paths: str) -> bool:
+    try:
+        doc = json.loads(Path(paths.split(",")[0]).read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("schema") == BENCH_SCHEMA
+
+
+def load_bench(paths: str) -> dict[str, float]:
+    """{figure: seconds} of bench files read as one (per-bug figures as BUG.figure)."""
+    figures: dict[str, float] = {}
+    for path in paths.split(","):
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError, RecursionError) as e:
+            raise UsageError(f"{path}: not a bench document: {e}") from None
+        if not isinstance(doc, dict) or doc.get("schema") != BENCH_SCHEMA:
+            raise UsageError(f"{path}: not a {BENCH_SCHEMA} document")
+        figures.update(doc.get("figures", {}))
+        for bug, row in doc.get("bugs", {}).items():
+            figures.update({f"{bug}.{name}": v for name, v in row.items()})
+    return {k: v for k, v in figures.items() if isinstance(v, (int, float))}
+
+
+def _bench_diff(args: argparse.Namespace) -> int:
+    before, after = load_bench(args.a), load_bench(args.b)
+    slower = [
+        (name, before[name], after[name])
+        for name in sorted(before.keys() & after.keys())
+        if after[name] > SLOWER * before[name] and after[name] - before[name] >= NOISE_S
+    ]
+    for name, old, new in slower:
+        print(f"{name}: {old:.3f}s -> {new:.3f}s ({new / old:.2f}x)")
+    print(
+        f"{len(slower)} of {len(before.keys() & after.keys())} figure(s) more than {SLOWER:g}x "
+        f"slower from {args.a} to {args.b}"
+    )
+    return 1 if slower else 0
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
-    a, b = load(args.a), load(args.b)
+    if _is_bench(args.a) or _is_bench(args.b):
+        return _bench_diff(args)
+    a, b = _merged(args.a), _merged(args.b)
     devices_a = {r["device"] for r in a["results"]}
     devices_b = {r["device"] for r in b["results"]}
     with_device = not (len(devices_a) == len(devices_b) == 1 and devices_a != devices_b)

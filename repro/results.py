@@ -266,23 +266,35 @@ class LiveJunit:
 
     def _case(self, c) -> str:
         job = c.result.job
+        row = {"bug": job.bug, "variant": c.variant, "device": job.device}
+        row |= {"scenario": job.scenario, "seed": job.seed, "seconds": c.result.seconds}
+        row |= {"outcome": c.result.outcome.value, "expected": c.expected.value}
+        return self._row_case({**row, "evidence": c.result.evidence}, c.ok)
+
+    def _row_case(self, row: dict, ok: bool) -> str:
+        """One test case of a result row (result_json's keys), counted."""
         case = ET.Element(
             "testcase",
-            classname=junit_class(job.bug, c.variant, job.device),
-            name=f"{job.scenario}[seed {job.seed}]",
-            time=f"{c.result.seconds:.3f}",
+            classname=junit_class(row["bug"], row["variant"], row["device"]),
+            name=f"{row['scenario']}[seed {row['seed']}]",
+            time=f"{row['seconds']:.3f}",
         )
-        outcome, expected = c.result.outcome.value, c.expected.value
+        outcome, expected, evidence = row["outcome"], row["expected"], row["evidence"]
         if outcome == "skipped" and expected != "skipped":
-            ET.SubElement(case, "skipped", message=c.result.evidence)
+            ET.SubElement(case, "skipped", message=evidence)
             self.skipped += 1
-        elif not c.ok:
-            message = f"{outcome}, expected {expected}: {c.result.evidence}"
-            ET.SubElement(case, "failure", message=message).text = c.result.evidence
+        elif not ok:
+            message = f"{outcome}, expected {expected}: {evidence}"
+            ET.SubElement(case, "failure", message=message).text = evidence
             self.failures += 1
-        evidence = f"{outcome} (expected {expected})\n{c.result.evidence}"
-        ET.SubElement(case, "system-out").text = evidence
+        ET.SubElement(case, "system-out").text = f"{outcome} (expected {expected})\n{evidence}"
         return ET.tostring(case, encoding="unicode")
+
+    def rows(self, rows: list[dict]) -> None:
+        """The whole file from result rows (documents read back: a sharded run's parts)."""
+        self.cases, self.failures, self.skipped = [], 0, 0
+        self.cases = [self._row_case(r, r["outcome"] == r["expected"]) for r in rows]
+        self._write(complete=True)
 
     def _write(self, complete: bool) -> None:
         suite = ET.Element(

@@ -1,0 +1,138 @@
+"""Sharding for CI's runners (`--shard K/N` of matrix, mutants and fuzz) and the files read back
+as one (`repro report`, `repro diff`), and the bench diff that warns of a slowdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import xml.etree.ElementTree as ET
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from repro.common import take_shard
+from tests import procs
+
+BUGS = ("--bug", "moe_align_grid", "--bug", "lora_dummy_run")
+
+
+def repro(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        procs.repro_command(*argv), capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+def runs(path) -> list[tuple]:
+    doc = json.loads(path.read_text())
+    assert doc["complete"] is True
+    keys = ("bug", "scenario", "variant", "device", "seed", "outcome")
+    return [tuple(r[k] for k in keys) for r in doc["results"]]
+
+
+@given(
+    st.lists(st.floats(0.01, 100.0), max_size=40),
+    st.integers(1, 5),
+)
+def test_the_parts_are_disjoint_and_make_the_whole(costs, n) -> None:
+    items = list(enumerate(costs))
+    parts = [take_shard(items, (k, n), lambda i: i[1], lambda i: i[0]) for k in range(1, n + 1)]
+    assert sorted(i for part in parts for i in part) == items
+    for part in parts:  # each in the caller's order
+        assert part == sorted(part)
+    if items:  # balanced: no part over the mean by more than the largest item
+        loads = [sum(c for _, c in part) for part in parts]
+        assert max(loads) <= sum(costs) / n + max(costs) + 1e-9
+
+
+@pytest.mark.cpu_job
+@pytest.mark.moe_align_grid
+@pytest.mark.lora_dummy_run
+def test_matrix_shards_are_disjoint_and_their_union_is_the_whole(tmp_path) -> None:
+    whole, parts = tmp_path / "whole.json", [tmp_path / f"s{k}.json" for k in (1, 2)]
+    done = repro("matrix", *BUGS, "--device", "cpu", "--json", str(whole))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for k, part in enumerate(parts, 1):
+        done = repro("matrix", *BUGS, "--device", "cpu", "--shard", f"{k}/2", "--json", str(part))
+        assert done.returncode == 0, done.stdout + done.stderr
+    first, second = runs(parts[0]), runs(parts[1])
+    assert first and second and not set(first) & set(second)
+    assert sorted(first + second) == sorted(runs(whole))
+    # read as one: one table, and no run changed against the whole
+    junit = tmp_path / "merged.xml"
+    report = repro("report", *map(str, parts), "--junit", str(junit))
+    assert report.returncode == 0, report.stderr
+    suite = ET.parse(junit).getroot()
+    assert int(suite.get("tests")) == len(runs(whole)) and suite.get("failures") == "0"
+    assert report.stdout.count("| bug | scenario |") == 1
+    rows = [line for line in report.stdout.splitlines() if line.startswith("| moe_align_grid")]
+    assert len(rows) == len({r[1] for r in runs(whole) if r[0] == "moe_align_grid"})
+    diff = repro("diff", f"{parts[0]},{parts[1]}", str(whole))
+    assert diff.returncode == 0 and "0 run(s) changed" in diff.stdout, diff.stdout + diff.stderr
+
+
+def test_mutant_shards_are_disjoint_and_their_union_is_the_whole() -> None:
+    def listed(*extra: str) -> list[tuple[str, ...]]:  # (bug, mutant) of each row
+        lines = repro("mutants", "--list", *extra).stdout.splitlines()[1:]
+        return [tuple(line.split()[:2]) for line in lines]
+
+    whole = listed()
+    first, second = listed("--shard", "1/2"), listed("--shard", "2/2")
+    assert first and second and not set(first) & set(second)
+    assert sorted(first + second) == sorted(whole)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["matrix", "--shard", "0/2"],
+        ["matrix", "--shard", "3/2"],
+        ["mutants", "--shard", "two"],
+        ["fuzz", "--seed", "0", "--shard", "2/2"],
+    ],
+)
+def test_a_bad_shard_is_a_usage_error(argv) -> None:
+    done = repro(*argv)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--shard" in done.stderr
+
+
+def bench_file(path, **figures: float) -> str:
+    doc = {"schema": "repro-bench/1", "device": "cuda", "cpus": 16, "figures": figures}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_bench_diff_names_a_planted_slowdown(tmp_path) -> None:
+    before = bench_file(tmp_path / "a.json", floor_import=3.8, check_warm=0.85, list=0.25)
+    after = bench_file(tmp_path / "b.json", floor_import=3.9, check_warm=1.7, list=0.26)
+    done = repro("diff", before, after)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "check_warm: 0.850s -> 1.700s (2.00x)" in done.stdout
+    assert "floor_import" not in done.stdout.splitlines()[0] and "1 of 3 figure(s)" in done.stdout
+    same = repro("diff", before, before)
+    assert same.returncode == 0 and "0 of 3 figure(s)" in same.stdout
+
+
+def test_bench_diff_reads_per_bug_files_and_shards_as_one(tmp_path) -> None:
+    doc = {"schema": "repro-bench/1", "bugs": {"moe_align_grid": {"check_warm": 1.0}}}
+    (tmp_path / "p1.json").write_text(json.dumps(doc))
+    doc["bugs"] = {"lora_dummy_run": {"check_warm": 1.0}}
+    (tmp_path / "p2.json").write_text(json.dumps(doc))
+    doc["bugs"] = {"moe_align_grid": {"check_warm": 1.1}, "lora_dummy_run": {"check_warm": 3.0}}
+    (tmp_path / "after.json").write_text(json.dumps(doc))
+    parts = ",".join(str(tmp_path / p) for p in ("p1.json", "p2.json"))
+    done = repro("diff", parts, str(tmp_path / "after.json"))
+    assert done.returncode == 1
+    assert "lora_dummy_run.check_warm: 1.000s -> 3.000s (3.00x)" in done.stdout
+    assert "moe_align_grid" not in done.stdout
+
+
+def test_the_gpu_job_keeps_a_bench_and_diffs_it_as_a_warning() -> None:
+    ci = (procs.ROOT / ".ci" / "gpu").read_text()
+    assert "repro bench" in ci and "bench.json" in ci
+    workflow = (procs.ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    assert "repro diff" in workflow and "bench.json" in workflow
+    assert "shard: [1, 2]" in workflow and "SHARD:" in workflow
+    assert os.access(procs.ROOT / ".ci" / "gpu", os.R_OK)
