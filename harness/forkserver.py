@@ -14,10 +14,10 @@ What every child would repeat and is CUDA-free is done once, before any fork (_p
 own cache key (a hash of its compiler and its library: 0.4 s per child on an H100 machine), the
 modules its compiler imports at the first launch, and torch._dynamo (imported by the first use of
 a TorchDispatchMode, which the graph emulation records with: 1.2 s per capturing child). A warm
-cuda server also keeps spare children per GPU ahead of the next requests (SPARES while it is
-idle, so that each scenario of a check finds a CUDA context made; one while children run, so
-that spares do not take the GPU's context creation from them): forked in the environment of the
-newest request (at start, the server's own), a spare creates its CUDA context and waits; a request
+cuda server also keeps SPARES spare children per GPU ahead of the next requests (each scenario of
+a check, and of its confirming run, finds a CUDA context made; a matrix finds its contexts made
+ahead of it): forked in the environment of the newest request (at start, the server's own), a
+spare creates its CUDA context and waits; a request
 with that same environment and GPU takes it (its clock starts then), any other request gets a
 fresh fork. The context is made before any project module is imported and nothing is
 allocated, so a spare runs a scenario as a fresh child would.
@@ -65,7 +65,7 @@ PROJECT_PACKAGES = ("harness", "kernels", "repro", "tests")
 PROTOCOL = 5  # bumped with any change of the messages or of what a server checks: a client
 # replaces an older warm server
 LOCK_WAIT_S = 10.0  # a second warm server for one socket waits this long for the lock, then exits
-SPARES = 8  # spare children per GPU of an idle warm cuda server (a check's scenarios at once)
+SPARES = 8  # spare children per GPU of a warm cuda server (a check's scenarios at once)
 MAX_LINE = 1 << 20  # a request longer than this is no request
 SEND_S = 5.0  # a peer that does not take a message within this long is dropped
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -440,13 +440,12 @@ class _Server:
             self._top_up()
 
     def _top_up(self) -> None:
-        """Each GPU's pool up to SPARES while no child runs, else up to one."""
-        busy = any(conn.children for conn in self.connections)
+        """Each GPU's pool up to SPARES."""
         for gpu, request in self.spare_for.items():
             pool = self.spares.setdefault(gpu, [])
             for spare in [s for s in pool if not s.fits(request)]:
                 self._discard_spare(spare)
-            while len(pool) < (1 if busy else SPARES):
+            while len(pool) < SPARES:
                 spare = _Spare(request, self.pid)
                 pool.append(spare)
                 self.selector.register(spare.pidfd, selectors.EVENT_READ, spare)

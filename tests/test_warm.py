@@ -108,8 +108,8 @@ def _children(pid: int) -> set[int]:
 
 
 def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tmp_path) -> None:
-    """A warm cuda server keeps SPARES spares (CUDA context made, no project imported) while
-    idle, made in its own environment from its start; a request with the same environment and
+    """A warm cuda server keeps SPARES spares (CUDA context made, no project imported), made in
+    its own environment from its start; a request with the same environment and
     GPU runs in one, any other gets a fresh fork and the pool is made again in its environment.
     Here without a GPU the children say so (skipped)."""
     with UserDirectory.open() as directory:
@@ -144,7 +144,7 @@ def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tm
         assert first_pid in spares, "a request of the server's environment did not use a spare"
         assert first["status"] in ("pass", "skipped")
         again = procs.wait_until(lambda: (found := pool()) and first_pid not in found and found)
-        assert again, "the pool was not topped up once idle"
+        assert again, "the pool was not topped up"
         second_pid, second = run(2, {**env, "REPRO_TEST_OTHER": "1"})
         assert second_pid not in again, "a spare ran a request of another environment"
         assert second["status"] == first["status"]
