@@ -57,6 +57,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--bug", action="append", default=[], help="with --per-bug: only this bug")
     b.add_argument("--usual", action="store_true", help="each scenario's usual seconds (above)")
     b.add_argument("--write", action="store_true", help="with --usual: into the records")
+    b.add_argument(
+        "--table",
+        nargs="+",
+        metavar="FILE",
+        help="print a Markdown table of bench JSON files (a column each), run nothing: the "
+        "README's and docs/measurements' tables are made so, never typed",
+    )
     b.set_defaults(run=cmd_bench)
 
 
@@ -95,6 +102,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if why:
         print(f"{device}: cannot bench: {why}")
         return 125
+    if args.table:
+        print(table(args.table), end="")
+        return 0
     repro = [sys.executable, "-m", "repro"]
     if args.write and not args.usual:
         raise UsageError("--write goes with --usual")
@@ -233,6 +243,49 @@ def _machine(device: str) -> str:
         )
         return done.stdout.strip().splitlines()[0] if done.stdout.strip() else "a GPU"
     return f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()})"
+
+
+FIGURES = {
+    "floor_import": "floor: `import torch, triton` (+ CUDA init)",
+    "usage_error": "usage error",
+    "list": "`repro list`",
+    "check_cold": "`repro check` cold",
+    "check_warm": "`repro check` warm",
+    "child_overhead": "one child's overhead",
+    "matrix_each_part": "`repro matrix --each-part`",
+    "matrix_floor": "its floor: its runs x one CUDA context",
+}
+
+
+def table(paths: list[str]) -> str:
+    """A Markdown table of `repro bench --json` files: a row per figure, a column per file
+    (seconds, and the ratio to that file's floor)."""
+    docs = []
+    for path in paths:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--table {path}: {e}") from None
+        if not isinstance(doc, dict) or doc.get("schema") != BENCH_SCHEMA:
+            raise UsageError(f"--table {path}: not a {BENCH_SCHEMA} document")
+        docs.append(doc)
+    heads = [
+        f"{d.get('machine', d['device'])}, {d['cpus']} CPUs ({Path(p).name})"
+        for d, p in zip(docs, paths, strict=True)
+    ]
+    lines = ["| figure | " + " | ".join(heads) + " |", "|---" * (len(docs) + 1) + "|"]
+    for name, label in FIGURES.items():
+        cells = []
+        for doc in docs:
+            figures = doc["figures"]
+            value = figures.get(name)
+            floor = figures.get("matrix_floor" if name == "matrix_each_part" else "floor_import")
+            shown = "-" if value is None else f"{value:.3f}"
+            if value is not None and floor and name not in ("floor_import", "matrix_floor"):
+                shown += f" ({value / floor:.2f}x)"
+            cells.append(shown)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _report(device: str, figures: dict[str, float], path: str | None) -> int:
