@@ -1,12 +1,14 @@
 """`repro export BUG PROPERTY` and `repro query`: the catalogue as data for tool builders.
 
-export prints plain lines: `fix.lines` (`path:line` of each line the fix adds or changes, in
-the fixed tree of `repro checkout`), `fix.buggy_lines` (the buggy tree's lines the fix
-replaces or removes, and the line before each insertion), `fix.files`, `scenarios.trigger`
-(the scenarios the bug fails, with their documented classes and failure signatures),
-`tests.relevant` (the marker suite's test ids, as pytest collects them), `kernels.launched`
-(the Triton kernels the trigger scenarios launch on the CPU, traced in a child). query prints
-a CSV, one row per bug ever registered (retired ones as deprecated: ids are never reused).
+export prints plain lines: `fix.lines` (`path:line` of each line the fix adds or changes, in the
+fixed tree of `repro checkout`; lines of the code under test only, UNDER_TEST: a scenario or a
+record that reads a switch is the catalogue, not the fix), `fix.buggy_lines` (the buggy tree's
+lines the fix replaces or removes, and the line before each insertion), `fix.files`,
+`scenarios.trigger` (the scenarios the bug fails, with their documented classes and failure
+signatures), `tests.relevant` (the marker suite's test ids, as pytest collects them),
+`kernels.launched` (the Triton kernels the trigger scenarios launch on the CPU, traced in a child).
+query prints a CSV, one row per bug ever registered (retired ones as deprecated: ids are never
+reused).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ FIELDS = (
     "added",
     "status",
 )
+UNDER_TEST = ("kernels/", "csrc/", "harness/runner/")  # the code under test: where fixes live
 TRACE_TIMEOUT_S = 600.0
 PYTEST = (sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider")
 
@@ -76,7 +79,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def fix_diff(bug: BugRecord) -> dict[str, tuple[str, str]]:
-    """{path: (buggy text, fixed text)} of every file the fix touches."""
+    """{path: (buggy text, fixed text)} of every file of the code under test the fix touches."""
     fixed = fold_bug(ROOT, bug, {p: True for p in bug.fix_parts})
     buggy = fold_bug(ROOT, bug, {p: False for p in bug.fix_parts})
     paths = sorted(set(fixed) | set(buggy))
@@ -84,7 +87,8 @@ def fix_diff(bug: BugRecord) -> dict[str, tuple[str, str]]:
     return {
         p: (b or (ROOT / p).read_text(), f or (ROOT / p).read_text())
         for p, (b, f) in texts.items()
-        if (b or (ROOT / p).read_text()) != (f or (ROOT / p).read_text())
+        if p.startswith(UNDER_TEST)
+        and (b or (ROOT / p).read_text()) != (f or (ROOT / p).read_text())
     }
 
 

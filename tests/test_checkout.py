@@ -22,7 +22,7 @@ from harness.outcome import Outcome
 from harness.record import Fold
 from repro import registry
 from repro.checkout import write
-from repro.export import fix_diff, fix_lines, triggers
+from repro.export import fix_buggy_lines, fix_diff, fix_lines, triggers
 from repro.fold import Switches, fold_bug, fold_text, leftovers, switches_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +49,17 @@ def test_both_trees_fold_with_no_switch_left(bug) -> None:
     lines = fix_lines(bug)
     assert lines, f"{bug.id}: no fix line"
     assert {line.rsplit(":", 1)[0] for line in lines} <= set(diff)
+
+
+def test_fix_lines_name_only_the_code_under_test() -> None:
+    """A scenario that reads a switch (lora_dummy_run's reads lora_capture_launch): not the fix."""
+    lines = fix_lines(registry.get("lora_graph_capture"))
+    assert lines and all(
+        line.startswith(("kernels/", "csrc/", "harness/runner/")) for line in lines
+    )
+    assert not any(
+        line.startswith("repro/") for line in fix_buggy_lines(registry.get("lora_graph_capture"))
+    )
 
 
 def test_fix_lines_name_the_fix() -> None:
