@@ -135,6 +135,29 @@ class Fold:
     files: tuple[str, ...]
 
 
+FIDELITY_GRADES = ("faithful", "simplified", "inspired", "inferred")
+
+
+@dataclass(frozen=True, slots=True)
+class Fidelity:
+    """How closely a record models upstream (DESIGN.md section 15), graded by what was read:
+    `faithful` (the headline PR's mechanism as upstream describes it), `simplified` (`what`
+    says how), `inspired` (`what` says from what), `inferred` (no upstream report of this
+    hazard: `what` is the project's reasoning). A symptom upstream never reported is named in
+    `what` as inferred, whatever the grade."""
+
+    grade: str
+    evidence: str  # what was read: PR text, diff, test, issue (numbers)
+    not_verified: str  # what could not be checked
+    what: str = ""
+
+    def __post_init__(self) -> None:
+        if self.grade not in FIDELITY_GRADES:
+            raise ValueError(f"fidelity {self.grade!r}: one of {', '.join(FIDELITY_GRADES)}")
+        if self.grade != "faithful" and not self.what:
+            raise ValueError(f"a {self.grade} record says what is {self.grade}")
+
+
 @dataclass(frozen=True, slots=True)
 class BugRecord:
     id: str  # also the pytest marker; never reused
@@ -152,6 +175,7 @@ class BugRecord:
     history: str = ""  # the bug's relatives and follow-ups upstream
     # switches that travel as names (constexprs, launcher keywords): `repro checkout` folds them
     folds: tuple[Fold, ...] = ()
+    fidelity: Fidelity | None = None  # how true to upstream it is (every registered record has one)
 
     @property
     def buggy_variant(self) -> Variant:

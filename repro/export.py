@@ -48,6 +48,7 @@ FIELDS = (
     "relatives",
     "added",
     "status",
+    "fidelity",
 )
 UNDER_TEST = ("kernels/", "csrc/", "harness/runner/")  # the code under test: where fixes live
 TRACE_TIMEOUT_S = 600.0
@@ -266,6 +267,7 @@ def row(bug: BugRecord) -> dict[str, str]:
         "relatives": _relatives(bug),
         "added": _added(bug),
         "status": "active",
+        "fidelity": bug.fidelity.grade if bug.fidelity else "",
     }
 
 

@@ -58,16 +58,16 @@ def test_removing_the_guard_breaks_the_contract(contract, device, tmp_path):
 @pytest.mark.sentinels
 def test_the_catalogue_is_whole():
     """Every guard is either edits that apply once to this tree or a registered bug's fix part;
-    every contract is listed in the README; names are unique; usage errors exit 2."""
+    every contract is listed in docs/tools.md; names are unique; usage errors exit 2."""
     assert len(NAMES) == len(CONTRACTS)
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "tools.md").read_text()
     for c in CONTRACTS:
         assert bool(c.edits) != (c.part is not None), c.name
         for file, old, _ in c.edits:
             assert (ROOT / file).read_text().count(old) == 1, (c.name, file, old)
         if c.part is not None:
             assert c.part in registry.get(c.bug).fix_parts, c.name
-        assert f"`{c.name}`" in readme, f"{c.name} is not in the README's sentinel table"
+        assert f"`{c.name}`" in page, f"{c.name} is not in docs/tools.md's sentinel table"
     proc = subprocess.run(
         [sys.executable, "-m", "repro.sentinels", "no_such_contract"],
         cwd=ROOT,

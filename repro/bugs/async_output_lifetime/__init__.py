@@ -15,13 +15,27 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 PART = Fix.ASYNC_OUTPUT_KEEP_REF
 
 # the signature: step 0 read another step's tokens
 SIGNATURE = r"step 0 tokens of A, B: \d+/\d+ differ"
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="simplified",
+    what=(
+        "an arena makes the reuse certain and the stream model forces the order; the wrong tokens"
+        " are inferred: #29623's description is a thank-you and reports no symptom"
+    ),
+    evidence=(
+        "#29623's description; #25266's review (AsyncOutput keeps references because the copies "
+        "run on another stream)"
+    ),
+    not_verified="the diff; any user report",
+)
 
 RECORD = BugRecord(
     id="async_output_lifetime",
@@ -53,6 +67,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

@@ -16,13 +16,28 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 PART = Fix.ASYNC_PINNED_REUSE_WAIT
 
 # the signature: step 0 sampled under another step's mask rows
 SIGNATURE = r"step 0 tokens of A \(allowed .*\), B: \d+/\d+ differ"
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="simplified",
+    what=(
+        "the stream model forces the losing order on a copy stream, and the project chose the "
+        "allowed-token-ids mask as the victim; the wrong tokens are inferred: upstream reported "
+        "none (#24527: 'unlikely to cause a problem in practice')"
+    ),
+    evidence=(
+        "#25279's description (reused CPU tensors modified and copied async from _update_states, "
+        "sampling tensors); #24527's description; #32799"
+    ),
+    not_verified="the diffs",
+)
 
 RECORD = BugRecord(
     id="async_pinned_race",
@@ -55,6 +70,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

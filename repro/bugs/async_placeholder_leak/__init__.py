@@ -1,5 +1,6 @@
-"""async_placeholder_leak (vLLM #40768, closed; issue #37159): a -1 placeholder reaches the
-embedding when a request with no previous-step row is scheduled under async scheduling.
+"""async_placeholder_leak (vLLM #26385; reported as #40768, closed, issue #37159): a -1
+placeholder reaches the embedding when a request with no previous-step row is scheduled under
+async scheduling.
 
 With a scheduler one step ahead, the worker stamps -1 where each sampled token goes in a
 request's token row and fills the step's input ids on the device from the previous step's
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 PART = Fix.ASYNC_PLACEHOLDER_HOST_FILL
 # the embedding's gather: a device-side assert on the GPU, "index out of range in self" on the CPU
@@ -23,10 +24,26 @@ ASSERT = ByDevice.both(Outcome.DEVICE_ASSERT)
 # the signature on the CPU: the embedding's gather of a -1 placeholder
 SIGNATURE = r"index out of range[\s\S]*harness/runner/model\.py:\d+ in _embed_base\b"
 
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="simplified",
+    what=(
+        "sampled-token placeholders only (no draft tokens); the device-side assert on this path "
+        "is inferred: #26385 names no symptom; the assert is what the spec-decode variant "
+        "reported (#40768, closed; #44734)"
+    ),
+    evidence=(
+        "#26385's description (merged: refresh the runner with all token ids after preemption so "
+        "the right input ids are used) and its diff excerpt (the resumed-request branch); #27756;"
+        " #40768 (closed, not merged, spec-decode placeholders)"
+    ),
+    not_verified="issue #37159; #26385's symptom",
+)
+
 RECORD = BugRecord(
     id="async_placeholder_leak",
     title="Async scheduling: a resumed request's -1 placeholders reach the embedding",
-    upstream="https://github.com/vllm-project/vllm/pull/40768",
+    upstream="https://github.com/vllm-project/vllm/pull/26385",
     symptom=(
         "CUDA error: device-side assert triggered (vectorized_gather_kernel: ind >= 0, or "
         "IndexKernel's index-out-of-bounds assertion) in the embedding, with async scheduling "
@@ -55,6 +72,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

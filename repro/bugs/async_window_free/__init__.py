@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 PART = Fix.ASYNC_WINDOW_FREE_PROCESSED
 # the null block holds NaN (poison) on both devices: attention reads it, the logits are NaN
@@ -23,6 +23,23 @@ WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 
 # the signature: NaN logits (the null block's bytes), not merely off
 SIGNATURE = r"logits at positions .* vs reference: .*\bnan vs "
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="simplified",
+    what=(
+        "the null block is poisoned with NaN, one window spans every layer, and #47282's "
+        "connector overwrite is not modelled"
+    ),
+    evidence=(
+        "#47728's title and review (free out-of-window blocks on the processed-token basis; async"
+        " num_computed_tokens may hold rejected drafts); vllm-ascend #13501"
+    ),
+    not_verified=(
+        "#47728's description proper (review excerpts only); issue #47282; wrong tokens from the "
+        "rejection path"
+    ),
+)
 
 RECORD = BugRecord(
     id="async_window_free",
@@ -55,6 +72,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

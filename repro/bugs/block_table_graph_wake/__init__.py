@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Fold, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Fold, Scenario
 
 REFRESH = Fix.BLOCK_TABLE_REFRESH_IN_PLACE
 REINIT = Fix.BLOCK_TABLE_REINIT_ON_WAKE  # block_table_wake's part: this one refines it
@@ -50,6 +50,22 @@ FOLD_FILES = (
     "harness/runner/model_runner.py",
 )
 
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="simplified",
+    what=(
+        "a gather of the tables inside the target's graphs (tables_in_graph) stands for "
+        "upstream's fused draft decode graph (#46849); the fix modelled (copy_ in place) is "
+        "closed #53197's, not merged #53508's (which isolates the sleep-mode KV allocations)"
+    ),
+    evidence=(
+        "#53197's description (rebuilt tensors, graphs keep the old addresses, "
+        "CUDA_ERROR_ILLEGAL_ADDRESS after wake, fix allocates once and copies in place); #53508's"
+        " thread; #40648's review"
+    ),
+    not_verified="#53508's diff",
+)
+
 RECORD = BugRecord(
     id="block_table_graph_wake",
     title="CUDA graphs read the old block-table layout tensors after sleep/wake",
@@ -73,6 +89,7 @@ RECORD = BugRecord(
         _replay_after_wake("piecewise_replay_after_wake", "PIECEWISE"),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     folds=(Fold(REFRESH, ("in_place",), FOLD_FILES),),
     anchors=(
         (

@@ -13,9 +13,21 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import WAKES, Axes, BugRecord, Expect, Scenario
+from harness.record import WAKES, Axes, BugRecord, Expect, Fidelity, Scenario
 
 ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)  # CPU: the interpreter's wild read, SIGSEGV
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "seed 003 (#40648 digest); #40648's thread: dangling layout tensors after a CuMem wake, "
+        "an illegal memory access in build_attn_metadata; the fix adds "
+        "init_block_table_layout_tensors, called from post_kv_cache_wake_up when tags is None or "
+        "holds kv_cache"
+    ),
+    not_verified="the diff line by line",
+)
 
 RECORD = BugRecord(
     id="block_table_wake",
@@ -38,6 +50,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             Fix.BLOCK_TABLE_REINIT_ON_WAKE,

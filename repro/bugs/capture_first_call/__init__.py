@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 from repro.bugs.lazy_attn_state import LORA_CASE_AXES
 
 PART = Fix.CAPTURE_PREWARM
@@ -27,6 +27,22 @@ FAILS = ByDevice.both(Outcome.EXCEPTION)
 CAPTURE_BROKEN = (
     r"operation not permitted when stream is capturing"
     r"|operation failed due to a previous error during capture"
+)
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="simplified",
+    what=(
+        "upstream's first-call work is Inductor/Triton autotuning; here a per-shape launch-config"
+        " tuning of the runner's own, with host syncs, stands for it; the call order follows "
+        "#46523"
+    ),
+    evidence=(
+        "#46523's description (a fresh capture-compatible forward_fn first executed inside "
+        "torch.cuda.graph, autotuning issues unsupported operations during capture; the fix runs "
+        "it eagerly first); cites issue #40742"
+    ),
+    not_verified="issue #40742's text (the exact error string); the test at 172525b",
 )
 
 RECORD = BugRecord(
@@ -81,6 +97,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

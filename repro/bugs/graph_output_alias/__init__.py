@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 PART = Fix.GRAPH_OUTPUT_COPY_BEFORE_DRAFT
@@ -24,6 +24,17 @@ PART = Fix.GRAPH_OUTPUT_COPY_BEFORE_DRAFT
 def _axes(mode: str) -> Axes:
     return Axes(graph_modes=(mode,), capture_sizes=(8,), steps_per_size=2)
 
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="simplified",
+    what="the shared graph pool is an arena the runner builds, not the caching allocator's reuse",
+    evidence=(
+        "#53520's description (target forward, sample, padded drafter forward, then prompt "
+        "logprobs; all CUDA graphs share one pool; PIECEWISE prompts corrupted); issue #53488"
+    ),
+    not_verified="the diff; PIECEWISE against FULL drafter graphs",
+)
 
 RECORD = BugRecord(
     id="graph_output_alias",
@@ -60,6 +71,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

@@ -14,11 +14,23 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 PART = Fix.INPUT_BATCH_SWAP_COPY
 # the mask is a host tensor on both devices (upstream's CPU staging tensor): the same copy
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "#48419's description (a tuple swap of row views collapses both rows; reorder_batch as "
+        "the caller; the fix by fancy indexing)"
+    ),
+    not_verified=(
+        "the diff; no field report found: 'wrong output, no error' is the PR's own reasoning"
+    ),
+)
 
 RECORD = BugRecord(
     id="input_batch_swap_alias",
@@ -52,6 +64,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

@@ -15,12 +15,25 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 PART = Fix.KERNEL_BLOCK_SIZE_TO_BUILDERS
 # in-bounds loads of the wrong pages (the scenario keeps every kernel block id below the pool's
 # block count): numbers, not a fault, on both devices
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "#27753's description (pass the kernel block size to the metadata builders; solves #27264"
+        " and #26936); #36701"
+    ),
+    not_verified=(
+        "#27547 (the gsm8k 0.02 vs 0.85 figures); the detailed indexing path is the project's "
+        "reading; the diff"
+    ),
+)
 
 RECORD = BugRecord(
     id="kernel_block_size",
@@ -53,6 +66,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

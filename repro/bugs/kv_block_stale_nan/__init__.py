@@ -14,11 +14,26 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import WAKES, Axes, BugRecord, Expect, Scenario
+from harness.record import WAKES, Axes, BugRecord, Expect, Fidelity, Scenario
 
 PART = Fix.ZERO_NEW_KV_BLOCKS
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)  # NaN logits: 0 x NaN on every device
 NAN_LOGITS = r"logits vs .*: .*\bnan vs "  # the signature: logits that are NaN, not merely off
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="simplified",
+    what=(
+        "float32 Mamba state read as a smaller float is modelled by an int32 -1 sentinel group in"
+        " a float32 cache; the page-loading kernel is the runner's split-KV backend"
+    ),
+    evidence=(
+        "#35219's description (a block pool shared by attention and fp32 Mamba, leftover bits NaN"
+        " in the smaller dtype, 0 x NaN masking, zeroes new attention blocks of hybrid models; "
+        "fixes issue #35138); #54004; #36701"
+    ),
+    not_verified="issue #35138's own text; #43990's MRV2 port",
+)
 
 RECORD = BugRecord(
     id="kv_block_stale_nan",
@@ -58,6 +73,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,
@@ -85,7 +101,8 @@ RECORD = BugRecord(
         "docstring. The kernels' side: flash-attention #1745, #1974 (vLLM's hybrid models) and "
         "#2374 (FA3/FA4 load V pages whole: P = 0 times NaN), and vLLM #936 (2023), where "
         "vLLM's own paged attention kernel zeroed the values of positions past the context "
-        "for the same reason. Not re-found with search: issue #35138 (the lead's). Relatives "
+        "for the same reason. #35219's description says it fixes issue #35138 (its text not read). "
+        "Relatives "
         "here: block_table_wake (the same pool discarded at sleep), and the wake's 0xFF poison, "
         "which makes every new page's unused slots NaN (fresh_blocks_after_wake). Modelled: a "
         "Mamba-like state group whose int32 value -1 stands for float32 state read as bfloat16 "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 
@@ -23,6 +23,17 @@ LORA_CASE_AXES = Axes(
     capture_sizes=(4,),
     steps_per_size=3,
     adapters=("enabled", "absent"),
+)
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "seed 004 (#42444 digest): warm-up and capture shared one FlashMLASchedMeta, the planner "
+        "ran in warm-up only, garbled output under FULL graphs; the fix calls create_forward_fn "
+        "again for FULL capture; #44253's description restates it"
+    ),
+    not_verified="the diff; whether the warmup keyword is #42444's or later",
 )
 
 RECORD = BugRecord(
@@ -73,6 +84,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             Fix.FRESH_ATTN_STATE_FOR_CAPTURE,

@@ -12,9 +12,20 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import WAKES, Axes, BugRecord, Expect, Scenario
+from harness.record import WAKES, Axes, BugRecord, Expect, Fidelity, Scenario
 
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)  # 0xFF bytes read as NaN, on both devices
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "#16889 (merged, restores buffers at a level-2 wake, fixes #16564); #49774's description "
+        "(level 2 releases the weights pool, non-persistent buffers need saving, restore gated on"
+        " the weights tag); #15254 ('output is also messed up')"
+    ),
+    not_verified="#16889's diff; issue #16564's own text",
+)
 
 RECORD = BugRecord(
     id="level2_sleep_state",
@@ -41,6 +52,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             Fix.SLEEP_SAVED_BUFFERS,

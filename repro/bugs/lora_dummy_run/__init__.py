@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 ASSERT = ByDevice.both(Outcome.DEVICE_ASSERT)
 
@@ -26,6 +26,16 @@ CAPTURE_AXES = Axes(
 
 # the signature on the CPU: the LoRA embedding gather with garbage offsets, in the runner's _embed
 EMBED_GATHER = r"index out of range[\s\S]*harness/runner/model\.py:\d+ in _embed\b"
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "seed 000 (#43139 digest): the dummy-run branch set no LoRA mapping, a Triton device-side"
+        " assert; the fix sets an all-zero LoRAMapping there"
+    ),
+    not_verified="the original traceback",
+)
 
 RECORD = BugRecord(
     id="lora_dummy_run",
@@ -58,6 +68,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             Fix.LORA_DUMMY_MAPPING,

@@ -15,7 +15,7 @@ import dataclasses
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import BugRecord, Expect, Scenario
+from harness.record import BugRecord, Expect, Fidelity, Scenario
 from repro.bugs.lora_dummy_run import CAPTURE_AXES
 
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
@@ -39,6 +39,17 @@ def _scenario(name: str, why_assert: str) -> Scenario:
         signature=r"replay hidden states vs eager: \d+/\d+ differ",
     )
 
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "seed 001 (#43314 digest): after #43139, test_lora_with_spec_decode at 76/100; the all -1"
+        " mapping short-circuits the wrappers so capture records no LoRA kernel; the fix sets "
+        "no_lora_flag_cpu False and num_active_loras_cpu 1 per distinct punica wrapper"
+    ),
+    not_verified="the PR thread itself (the seed only)",
+)
 
 RECORD = BugRecord(
     id="lora_graph_capture",
@@ -70,6 +81,7 @@ RECORD = BugRecord(
         )
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             Fix.LORA_CAPTURE_LAUNCH,

@@ -15,11 +15,22 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 PART = Fix.LORA_SLOT_LAYOUT_MEMO
 ADAPTERS = ("enabled", "evicted")
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "#47725's description (set_adapter_mapping memoized on the mapping; an out-of-band "
+        "add_lora can rotate lora_index_to_id; the fix keys the memo on the slot layout too); "
+        "issue #47724"
+    ),
+    not_verified="the worker manager's per-step order; the diff",
+)
 
 RECORD = BugRecord(
     id="lora_slot_memo",
@@ -57,6 +68,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Fold, Scenario
+from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Fidelity, Fold, Scenario
 
 GRID = Fix.MOE_ALIGN_GRID_PLUS_ONE
 GUARD = Fix.MOE_ALIGN_OOB_GUARD
@@ -27,6 +27,17 @@ FOLD_FILES = (
     "csrc/moe_lora_align.h",
     "csrc/moe_lora_align.cu",
     "csrc/moe_lora_align_bindings.cpp",
+)
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "seed 002 (#40131 digest): max_loras+1 active ids with -1, the grid, the lora_id >= "
+        "max_loras guard and the adapter_enabled check in the sort kernel; "
+        "cudaErrorIllegalAddress; sentinel-prefilled outputs in its tests"
+    ),
+    not_verified="the diff itself",
 )
 
 RECORD = BugRecord(
@@ -98,6 +109,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     folds=(
         Fold(GRID, ("grid_plus_one",), FOLD_FILES),
         Fold(GUARD, ("oob_guard", "FIXED_OOB_GUARD"), FOLD_FILES),

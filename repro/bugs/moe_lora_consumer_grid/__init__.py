@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Fold, Scenario
+from harness.record import ADAPTER_STATES, Axes, BugRecord, Expect, Fidelity, Fold, Scenario
 
 GRID = Fix.MOE_LORA_GRID_PLUS_ONE
 GUARD = Fix.MOE_LORA_ID_GUARD
@@ -22,6 +22,23 @@ FOLD_FILES = (
     "kernels/fused_moe_lora.py",
     "harness/runner/model_runner.py",
     "repro/bugs/moe_lora_consumer_grid/scenarios.py",
+)
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="simplified",
+    what=(
+        "the grid part (max_loras + 1) is #32277's; the second part, the lora_id bound in the "
+        "consumer, has no source in #32277's text; the silent missing delta is the project's "
+        "reading of the grid gap"
+    ),
+    evidence=(
+        "#32277's description (max_loras + 1 in the grid for mixed base and adapter tokens, fixes"
+        " issue #32235); #35636 (closed) on the -1 base slot"
+    ),
+    not_verified=(
+        "whether #32277 added a lora_id bound; issue #32235's symptom (a crash or a silent delta)"
+    ),
 )
 
 RECORD = BugRecord(
@@ -77,6 +94,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     folds=(
         Fold(GRID, ("grid_plus_one",), FOLD_FILES),
         Fold(GUARD, ("id_guard", "ID_GUARD"), FOLD_FILES),

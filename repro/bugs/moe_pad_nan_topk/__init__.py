@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Fold, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Fold, Scenario
 
 PART = Fix.MOE_GATE_NAN_CLAMP
 # GPU: the finalize's gather at row 2^31 - 1, far past any allocation; CPU: the interpreter's
@@ -28,6 +28,19 @@ FOLD_FILES = (
     "harness/runner/model.py",
     "repro/bugs/moe_pad_nan_topk/scenarios.py",
     "repro/sentinels.py",
+)
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "#39391's description and review (NaN gating in graph padding picks expert 0 for every "
+        "slot, duplicate ids crash FlashInfer's three-step sort; clamp NaN/Inf to 0)"
+    ),
+    not_verified=(
+        "where the NaN comes from: in #39391's review the author says the padding values are "
+        "zeros; issues #39244, #37758, #39288; #39593's numbers; the diff"
+    ),
 )
 
 RECORD = BugRecord(
@@ -66,6 +79,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     folds=(Fold(PART, ("clamp_nonfinite", "CLAMP_NONFINITE"), FOLD_FILES),),
     anchors=(
         (

@@ -1,4 +1,5 @@
-"""moe_pad_sentinel (vLLM #57036, #57946): a MoE consumer never learned the -1 of padding rows.
+"""moe_pad_sentinel (vLLM #54747; #57036, #57946): a MoE consumer never learned the -1 of
+padding rows.
 
 VLLM_MOE_SKIP_PADDING (#46428; in the top-k kernels since #48979, on by default) makes the
 top-k write expert id -1 (weight 0) for the padding rows of a graph replay, so that MoE and
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Fold, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Fold, Scenario
 
 PART = Fix.MOE_PAD_SENTINEL_GUARD
 # GPU: the finalize's gather at row 2^31 - 1, far past any allocation; CPU: the interpreter's
@@ -32,10 +33,27 @@ FOLD_FILES = (
     "repro/sentinels.py",
 )
 
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="simplified",
+    what=(
+        "upstream's dereference is shuffle_rows' input gather (#54747); here one consumer's "
+        "finalize gathers through the unwritten entry, and the fix skips invalid ids as "
+        "FlashInfer's finalize does (#37715), not #54747's sentinels and bounds check; #57036 and"
+        " #57946 are consumers of the same -1 contract (relatives)"
+    ),
+    evidence=(
+        "#54747's description (MRV2's -1 padded rows left input_permutation slots uninitialized, "
+        "shuffle_rows dereferenced them, illegal address; fix: invalid sentinels and a bounds "
+        "check); #57036's and #57946's descriptions; #37715's description"
+    ),
+    not_verified="every diff; FlashInfer's finalize source",
+)
+
 RECORD = BugRecord(
     id="moe_pad_sentinel",
     title="A MoE consumer treats the -1 expert id of padding rows as an expert",
-    upstream="https://github.com/vllm-project/vllm/pull/57036",
+    upstream="https://github.com/vllm-project/vllm/pull/54747",
     symptom=(
         "a GPU memory access fault (ROCm: 'Memory access fault by GPU node'; CUDA: an MMU "
         "fault, 'an illegal memory access was encountered') in MoE experts that receive "
@@ -74,6 +92,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     folds=(Fold(PART, ("skip_invalid", "SKIP_INVALID"), FOLD_FILES),),
     anchors=(
         (

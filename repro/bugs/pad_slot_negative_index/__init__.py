@@ -13,11 +13,21 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 PART = Fix.CACHE_ONLY_SKIP_PAD_SLOTS
 # torch wraps a negative index the same way on both devices (an in-bounds write: no fault)
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "#43869's description (PADDING_SLOT_ID -1 wraps to the last slot of the last block; the "
+        "fix skips negative slots); issue #43810's title"
+    ),
+    not_verified="the clamp-to-0 change the record mentions",
+)
 
 RECORD = BugRecord(
     id="pad_slot_negative_index",
@@ -50,6 +60,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

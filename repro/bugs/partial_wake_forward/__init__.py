@@ -13,11 +13,22 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 # GPU: unmapped CuMem memory; CPU: the PROT_NONE arena of the sleeping tag, SIGSEGV
 ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)
 PART = Fix.FULLY_AWAKE_GATE
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "#44483's description (resume scheduling only once fully resident; sleep, wake weights, a"
+        " request: illegal memory access); issue #44395 (idle DP ranks' dummy batch); #44406, "
+        "#44779, #45700"
+    ),
+    not_verified="that #44483's final version also guards the DP loop's dummy batch",
+)
 
 RECORD = BugRecord(
     id="partial_wake_forward",
@@ -58,6 +69,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

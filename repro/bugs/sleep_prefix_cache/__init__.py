@@ -13,10 +13,23 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import WAKES, Axes, BugRecord, Expect, Scenario
+from harness.record import WAKES, Axes, BugRecord, Expect, Fidelity, Scenario
 
 PART = Fix.RESET_PREFIX_CACHE_ON_SLEEP
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)  # NaN logits: the wake's 0xFF bytes, on every device
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "#22726's description (sleep must clear the prefix cache to avoid gibberish; done "
+        "offline, missing online; issue #20627); issue #17103 (fine with prefix caching off); "
+        "#12284"
+    ),
+    not_verified=(
+        "issue #20627's text; the diff; the reset sits in the worker's sleep here, not in AsyncLLM"
+    ),
+)
 
 RECORD = BugRecord(
     id="sleep_prefix_cache",
@@ -48,6 +61,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

@@ -13,12 +13,26 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 PART = Fix.SPEC_SEPARATE_WARMUP_STATE
 # Capture-allocated memory is poison on both devices (int32 max): the split-KV kernel walks the
 # plan's request range from its first entry and reads far out of bounds (CPU: SIGSEGV).
 ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="faithful",
+    evidence=(
+        "#44253's description (the prefill EAGLE graph manager reuses the target's capture "
+        "metadata, returned by create_forward_fn for warm-up and capture; capture records without"
+        " executing); #44069 (an error with DSv4 MTP under MRV2)"
+    ),
+    not_verified=(
+        "the exact upstream error text (illegal address here is the runner's poisoned plan); the "
+        "diff"
+    ),
+)
 
 RECORD = BugRecord(
     id="spec_capture_state",
@@ -57,6 +71,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

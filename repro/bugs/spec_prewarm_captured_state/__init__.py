@@ -18,17 +18,31 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 PART = Fix.SPEC_DISPOSABLE_PREWARM_STATE
 # As spec_capture_state: capture-allocated memory is poison on both devices (int32 max), the
 # split-KV kernel walks the plan's request range from it (CPU: SIGSEGV in the interpreter).
 ILLEGAL = ByDevice.both(Outcome.ILLEGAL_ADDRESS)
 
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="inferred",
+    what=(
+        "no upstream report of this hazard: #46523's prewarm (open) meeting #44253's factory, "
+        "which returns the captured state for warmup=False, is the project's reasoning from the "
+        "two descriptions; #48261 (merged) fixed another fault (metadata views of persistent "
+        "buffers overwritten by later builds) and removes this hazard in passing; the symptom is "
+        "inferred"
+    ),
+    evidence="#48261's, #46523's and #44253's descriptions",
+    not_verified="#46523's reviews; whether #48261 covers an eager warmup=False pass",
+)
+
 RECORD = BugRecord(
     id="spec_prewarm_captured_state",
     title="The capture path's eager prewarm runs a speculator on the target's uncomputed plan",
-    upstream="https://github.com/vllm-project/vllm/pull/48261",
+    upstream="https://github.com/vllm-project/vllm/pull/46523",
     symptom=(
         "inferred, no upstream report: with #46523's prewarm on the #44253 design, capture_model "
         "of a speculator with FULL graphs over lazily planned attention (DeepSeek V4 MTP, "
@@ -77,6 +91,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,

@@ -14,12 +14,27 @@ from __future__ import annotations
 
 from harness.fixes import Fix
 from harness.outcome import ByDevice, Outcome
-from harness.record import Axes, BugRecord, Expect, Scenario
+from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 
 PART = Fix.SPEC_PAD_LAST_TOKEN_INDICES
 # the gather's bounds check: index_select's kernel asserts on the GPU (as aten's indexing of
 # upstream's gather does); on the CPU it raises "index out of range in self"
 ASSERT = ByDevice.both(Outcome.DEVICE_ASSERT)
+
+# How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
+FIDELITY = Fidelity(
+    grade="simplified",
+    what=(
+        "the draft is the identity model sharing the LM head and its prefill gather sits in the "
+        "target's FULL graph (upstream: the speculator's own prefill graph); only issue 1 of "
+        "#39773 is modelled"
+    ),
+    evidence=(
+        "#39773's description (last_token_indices not padded before prefill, stale values, an "
+        "out-of-bounds gather)"
+    ),
+    not_verified="the diff (the pad-with-0 fix follows later code)",
+)
 
 RECORD = BugRecord(
     id="spec_stale_pad_tail",
@@ -49,6 +64,7 @@ RECORD = BugRecord(
         ),
     ),
     package=__name__,
+    fidelity=FIDELITY,
     anchors=(
         (
             PART,
