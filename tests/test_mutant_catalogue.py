@@ -96,3 +96,20 @@ def test_a_catalogue_of_your_own_is_scored_like_the_projects(tmp_path) -> None:
         "comment_only": ("survived", "external"),
     }, done.stdout
     assert done.returncode == 1 and "HOLE block_table_wake comment_only" in done.stdout
+
+
+REGRESSIONS = sorted((ROOT / "tests" / "regressions").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", REGRESSIONS, ids=lambda p: p.stem)
+def test_an_independent_regression_set_loads_and_applies(path) -> None:
+    """tests/regressions/BUG.json (issue 41): one-edit regressions written from the record and
+    the fixed code alone; each loads as a --catalogue entry of its bug and still applies (its
+    `old` text occurs once in its file)."""
+    from repro.mutants import external
+
+    chosen = external(str(path))
+    assert len(chosen) >= 4 and {bug for bug, _ in chosen} == {path.stem}
+    for _, mutant in chosen:
+        text = (ROOT / mutant.file).read_text()
+        assert text.count(mutant.old) == 1, f"{mutant.name}: stale ({mutant.file})"
