@@ -266,13 +266,15 @@ class Isolator:
         workers: int | None = None,
         on_result: Callable[[Result], None] | None = None,
         stop_on_failure: bool = False,
+        then: Callable[[Result], Job | None] | None = None,
     ) -> list[Result]:
         """Run jobs, at most `workers` at once; results in job order, `on_result` sees each
         as it ends. `stop_on_failure`: after the first failure, start nothing more (the jobs
-        not started are `skipped`). Raises Interrupted on Ctrl-C, after killing everything it
-        started."""
+        not started are `skipped`). `then`: a job to run after a result (None: none), started
+        before any job still waiting; its result follows the given jobs', in the order they were
+        asked for. Raises Interrupted on Ctrl-C, after killing everything it started."""
         batch = _Batch(self, list(jobs), max(1, workers or os.cpu_count() or 1), on_result)
-        batch.stop_on_failure = stop_on_failure
+        batch.stop_on_failure, batch.then = stop_on_failure, then
         try:
             return batch.run()
         except KeyboardInterrupt:
@@ -290,6 +292,7 @@ class _Batch:
         self.gpu_load = collections.Counter({gpu: 0 for gpu in iso.gpus})
 
     stop_on_failure = False
+    then: Callable[[Result], Job | None] | None = None
 
     def run(self) -> list[Result]:
         while self.pending or self.running:
@@ -528,6 +531,10 @@ class _Batch:
         self.results[run.index] = result
         if self.on_result:
             self.on_result(result)
+        follow = self.then(result) if self.then else None
+        if follow is not None:
+            self.jobs.append(follow)
+            self.pending.appendleft(len(self.jobs) - 1)
 
 
 def _unwritable(directory: Path) -> str | None:

@@ -21,6 +21,8 @@ a timeout under HANG_FACTOR times them cannot tell a hang.
 median of N), its scenarios' own seconds (fixed and buggy, summed, as the children measured
 them), its marker suite (`pytest -m BUG -n auto`, as the README's test command runs it) and its
 mutants (`repro mutants BUG`), each the wall time of one command, against the floor.
+--checks: only the edit-check loop, a row per bug: `repro check BUG` warm, fixed and
+`--variant buggy` (median of N each), against the floor.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     b.add_argument("--per-bug", action="store_true", help="a cost row per bug (see above)")
     b.add_argument("--bug", action="append", default=[], help="with --per-bug: only this bug")
+    b.add_argument(
+        "--checks", action="store_true", help="per bug: only the warm check, fixed and buggy"
+    )
     b.add_argument("--usual", action="store_true", help="each scenario's usual seconds (above)")
     b.add_argument("--write", action="store_true", help="with --usual: into the records")
     b.add_argument(
@@ -111,9 +116,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.usual:
         bugs = [registry.get(b) for b in args.bug] or list(registry.BUGS)
         return _usual(device, bugs, args.repeat, args.write)
-    if args.per_bug or args.bug:
+    if args.per_bug or args.bug or args.checks:
         bugs = [registry.get(b).id for b in args.bug] or [b.id for b in registry.BUGS]
-        return _per_bug(device, bugs, args.repeat, args.json)
+        return _per_bug(device, bugs, args.repeat, args.json, args.checks)
     with tempfile.TemporaryDirectory(prefix="repro-bench-") as tmp:
         cold = {**os.environ, ENV_SERVER: "off"}
         warm = {**os.environ, ENV_SERVER: "auto", ENV_SERVER_DIR: tmp}
@@ -141,7 +146,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return _report(device, figures, args.json)
 
 
-def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None) -> int:
+def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None, checks: bool) -> int:
     repro, rows = [sys.executable, "-m", "repro"], {}
     with tempfile.TemporaryDirectory(prefix="repro-bench-") as tmp:
         warm = {**os.environ, ENV_SERVER: "auto", ENV_SERVER_DIR: tmp}
@@ -150,24 +155,30 @@ def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None) -> int
         subprocess.run([*repro, "serve", "--device", device], check=True, **quiet)
         try:
             for bug in bugs:
-                check = _median([*repro, "check", bug, "--device", device], warm, repeat)
-                runs = Path(tmp) / f"{bug}.json"
-                matrix = [*repro, "matrix", "--bug", bug, "--device", device]
-                _timed([*matrix, "--json", str(runs)], warm)
-                results = json.loads(runs.read_text())["results"] if runs.exists() else []
-                scenarios = sum(r["scenario_seconds"] or 0.0 for r in results)
-                suite = [sys.executable, "-m", "pytest", "-q", "-n", "auto", "-m", bug]
-                suite_s = _timed([*suite, "--device", device, "-p", "no:cacheprovider"], warm)
-                mutants = _timed([*repro, "mutants", bug, "--device", device], warm)
-                rows[bug] = {
-                    "check_warm": check,
-                    "scenarios": scenarios,
-                    "marker_suite": suite_s,
-                    "mutants": mutants,
-                }
-                print(f"{bug}: " + ", ".join(f"{k} {v:.1f}s" for k, v in rows[bug].items()))
+                check = [*repro, "check", bug, "--device", device]
+                rows[bug] = {"check_warm": _median(check, warm, repeat)}
+                if checks:
+                    buggy = _median([*check, "--variant", "buggy"], warm, repeat)
+                    rows[bug]["check_warm_buggy"] = buggy
+                else:
+                    rows[bug].update(_costs(bug, device, warm, Path(tmp)))
+                print(f"{bug}: " + ", ".join(f"{k} {v:.2f}s" for k, v in rows[bug].items()))
         finally:
             subprocess.run([*repro, "serve", "--device", device, "--stop"], **quiet)
+    if checks:
+        table = [("bug", "fixed", "x floor", "buggy", "x floor")]
+        for bug, f in rows.items():
+            fixed, buggy = f["check_warm"], f["check_warm_buggy"]
+            table.append(
+                (
+                    bug,
+                    f"{fixed:.2f}",
+                    f"{fixed / floor:.2f}",
+                    f"{buggy:.2f}",
+                    f"{buggy / floor:.2f}",
+                )
+            )
+        return _per_bug_out(device, floor, table, rows, path, "--checks")
     table = [("bug", "check warm", "x floor", "scenarios", "marker suite", "mutants")]
     for bug, f in rows.items():
         figures = (f["check_warm"], f["scenarios"], f["marker_suite"], f["mutants"])
@@ -176,8 +187,25 @@ def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None) -> int
     totals = [f"{sum(f[k] for f in rows.values()):.1f}" for k in ("scenarios", "marker_suite")]
     mutants_total = f"{sum(f['mutants'] for f in rows.values()):.1f}"
     table.append(("total", "", "", *totals, mutants_total))
+    return _per_bug_out(device, floor, table, rows, path, "--per-bug")
+
+
+def _costs(bug: str, device: str, warm: dict[str, str], tmp: Path) -> dict[str, float]:
+    repro = [sys.executable, "-m", "repro"]
+    runs = tmp / f"{bug}.json"
+    _timed([*repro, "matrix", "--bug", bug, "--device", device, "--json", str(runs)], warm)
+    results = json.loads(runs.read_text())["results"] if runs.exists() else []
+    suite = [sys.executable, "-m", "pytest", "-q", "-n", "auto", "-m", bug]
+    return {
+        "scenarios": sum(r["scenario_seconds"] or 0.0 for r in results),
+        "marker_suite": _timed([*suite, "--device", device, "-p", "no:cacheprovider"], warm),
+        "mutants": _timed([*repro, "mutants", bug, "--device", device], warm),
+    }
+
+
+def _per_bug_out(device, floor, table, rows, path, how) -> int:
     print(
-        f"\nrepro bench --per-bug on {device} ({platform.node()}, {os.cpu_count()} CPUs), "
+        f"\nrepro bench {how} on {device} ({platform.node()}, {os.cpu_count()} CPUs), "
         f"floor (import torch, triton) {floor:.2f}s; seconds"
     )
     print_table(table)

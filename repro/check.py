@@ -282,10 +282,14 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"{p.label}: cannot test: {why_not}")
             return EXIT_CANNOT_TEST
         try:
-            workers = 1 if args.fail_fast else None  # in the record's order, one at a time
-            first = isolator.run_all(p.jobs, workers, stop_on_failure=args.fail_fast)
-            failed = [r.job for r in first if r.outcome.is_failure]
-            again = {} if args.no_confirm else _by_job(isolator.run_all(failed))
+            if args.fail_fast:  # in the record's order, one at a time
+                first = isolator.run_all(p.jobs, 1, stop_on_failure=True)
+                failed = [r.job for r in first if r.outcome.is_failure]
+                again = {} if args.no_confirm else _by_job(isolator.run_all(failed))
+            else:  # a failure's confirming run starts as soon as it failed
+                confirm = None if args.no_confirm else _Confirm()
+                ran = isolator.run_all(p.jobs, then=confirm)
+                first, again = ran[: len(p.jobs)], _by_job(ran[len(p.jobs) :])
         except Interrupted:
             print(f"{p.label}: cannot test: interrupted")
             return EXIT_CANNOT_TEST
@@ -318,6 +322,19 @@ def cmd_check(args: argparse.Namespace) -> int:
         if f.first.outcome != Outcome.PASS and f.first.evidence:
             print(evidence_lines(f.first.evidence))
     return code
+
+
+class _Confirm:
+    """A first run's failure gets one confirming run: the same job again (its own child)."""
+
+    def __init__(self) -> None:
+        self.asked: set[Job] = set()
+
+    def __call__(self, result: Result) -> Job | None:
+        if not result.outcome.is_failure or result.job in self.asked:
+            return None
+        self.asked.add(result.job)
+        return result.job
 
 
 def _by_job(results: list[Result]) -> dict[Job, Result]:

@@ -127,10 +127,14 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             return EXIT_CANNOT_TEST
         records = {job: bug for bug, job in plan}
         files = _Files(args, {job.device for job in records})
+        # the longest runs start first (their usual seconds): none is left to run alone at the end
+        order = sorted(range(len(plan)), key=lambda i: -job_cost(*plan[i]))
+        jobs = [plan[i][1] for i in order]
         try:
-            results = isolator.run_all([j for _, j in plan], args.jobs, _progress(records, files))
+            ran = isolator.run_all(jobs, args.jobs, _progress(records, files))
         except Interrupted as e:
-            results, code = e.results, EXIT_INTERRUPTED
+            ran, code = e.results, EXIT_INTERRUPTED
+        results = [r for _, r in sorted(zip(order, ran, strict=True), key=lambda p: p[0])]
     cells = [_cell(records[r.job], r) for r in results]
     print_summary(cells, time.monotonic() - start)
     written = files.finish(cells)

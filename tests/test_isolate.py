@@ -75,6 +75,18 @@ def test_batch_goes_on_after_crashes_in_order(isolator) -> None:
     assert sorted(r.job.scenario for r in seen) == sorted(names)
 
 
+def test_a_follow_up_starts_before_the_waiting_jobs_and_reads_after_them(isolator) -> None:
+    names = ["wrong", "passes", "passes", "passes"]
+    started = []  # the order results came in, one worker: the order runs started
+    follow = lambda r: job("segfaults") if r.job.scenario == "wrong" else None
+    results = isolator.run_all(
+        [job(n) for n in names], workers=1, on_result=started.append, then=follow
+    )
+    assert [r.job.scenario for r in results] == [*names, "segfaults"]
+    assert [r.job.scenario for r in started][:2] == ["wrong", "segfaults"]
+    assert results[-1].outcome == Outcome.ILLEGAL_ADDRESS
+
+
 def test_unknown_isolation_mode() -> None:
     with pytest.raises(ValueError, match="isolation mode"):
         Isolator("thread")

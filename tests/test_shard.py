@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from repro import registry
 from repro.common import take_shard
 from tests import procs
 
@@ -53,6 +54,9 @@ def test_matrix_shards_are_disjoint_and_their_union_is_the_whole(tmp_path) -> No
     whole, parts = tmp_path / "whole.json", [tmp_path / f"s{k}.json" for k in (1, 2)]
     done = repro("matrix", *BUGS, "--device", "cpu", "--json", str(whole))
     assert done.returncode == 0, done.stdout + done.stderr
+    # the longest start first, but results read in the plan's order: bug, scenario, variant
+    plan = [(b.id, s.name) for b in map(registry.get, BUGS[1::2]) for s in b.scenarios]
+    assert list(dict.fromkeys(r[:2] for r in runs(whole))) == plan
     for k, part in enumerate(parts, 1):
         done = repro("matrix", *BUGS, "--device", "cpu", "--shard", f"{k}/2", "--json", str(part))
         assert done.returncode == 0, done.stdout + done.stderr
