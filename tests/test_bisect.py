@@ -15,6 +15,9 @@ import pytest
 
 from tests.procs import ROOT, installed_repro
 
+# the same on a GPU machine (every run is --device cpu): the CPU job runs them
+pytestmark = pytest.mark.cpu_job
+
 GRID_FIX = "num_slots = max_loras + 1 if fixes.grid_plus_one else max_loras"
 ID_ZERO = "        if lora_id == 0:\n            return -1\n"
 GIT_ENV = {

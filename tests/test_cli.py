@@ -138,6 +138,7 @@ def test_list_and_info_never_import_torch() -> None:
         assert "torch imported: False" in done.stderr
 
 
+@pytest.mark.cpu_job  # a faked GPU: the same on a GPU machine
 @pytest.mark.moe_align_grid
 @pytest.mark.block_table_wake
 @pytest.mark.parametrize("command", ["check", "run", "matrix"])

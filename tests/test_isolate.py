@@ -20,6 +20,9 @@ from harness.isolate import CHILD_BOOT, ROOT, Isolator, Job
 from harness.outcome import Outcome
 from tests import procs
 
+# the CPU job runs them (cpu children; those that take the device run on both)
+pytestmark = pytest.mark.cpu_job
+
 
 @pytest.fixture(scope="module", params=["fork", "spawn"])
 def isolator(request):
