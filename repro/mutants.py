@@ -59,7 +59,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument(
         "--catalogue",
         metavar="FILE",
-        help="regressions of your own (a JSON list, see the README) instead of the project's",
+        action="append",
+        default=[],
+        help="regressions of your own (a JSON list, see docs/tools.md) instead of the "
+        "project's mutants; repeatable; a directory: its *.json files (tests/regressions)",
+    )
+    m.add_argument(
+        "--changed-since",
+        metavar="REF",
+        help="only the mutants of bugs whose package or regression file changed since the git "
+        "revision REF, and those whose edit is in a file that changed (.ci/run's selection)",
     )
     m.add_argument(
         "--fuzz",
@@ -75,26 +84,42 @@ def catalogue(bug_id: str) -> tuple[Mutant, ...]:
 
 
 EXTERNAL_KEYS = {"bug", "name", "file", "old", "new", "why"}  # required; also devices, part
+# and equivalent (why the edit changes nothing observable: then it must survive, unscored)
 
 
-def external(path: str) -> list[tuple[str, Mutant]]:
+def catalogue_files(paths: list[str]) -> list[str]:
+    """Each --catalogue FILE, a directory standing for its *.json files (sorted)."""
+    found = []
+    for path in paths:
+        if Path(path).is_dir():
+            files = sorted(str(p) for p in Path(path).glob("*.json"))
+            if not files:
+                raise UsageError(f"--catalogue {path}: no *.json file in this directory")
+            found += files
+        else:
+            found.append(path)
+    return found
+
+
+def external(path: str, names: set[str] | None = None) -> list[tuple[str, Mutant]]:
     """Regressions kept outside the project (a JSON list of {bug, name, file, old, new, why},
-    optionally devices and part): each checked like a mutant of the catalogue, kind `external`.
-    Any malformed entry is a usage error naming it."""
+    optionally devices, part and equivalent): each checked like a mutant of the catalogue, kind
+    `external`. Any malformed entry is a usage error naming it; so is a name used twice (in
+    `names` too: the names of the files read before)."""
     try:
         entries = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise UsageError(f"--catalogue {path}: {e}") from None
     if not isinstance(entries, list):
         raise UsageError(f"--catalogue {path}: not a JSON list")
-    chosen, names = [], set()
+    chosen, names = [], set() if names is None else names
     for i, entry in enumerate(entries):
         where = f"--catalogue {path}: entry {i}"
         if not isinstance(entry, dict) or EXTERNAL_KEYS - set(entry):
             missing = sorted(EXTERNAL_KEYS - set(entry)) if isinstance(entry, dict) else "all"
             raise UsageError(f"{where}: missing {missing}")
-        if not all(isinstance(entry[k], str) for k in EXTERNAL_KEYS):
-            raise UsageError(f"{where}: {sorted(EXTERNAL_KEYS)} must be strings")
+        if not all(isinstance(entry[k], str) for k in EXTERNAL_KEYS | {"equivalent"} & set(entry)):
+            raise UsageError(f"{where}: {sorted(EXTERNAL_KEYS)} and equivalent must be strings")
         bug = registry.get(entry["bug"])
         if entry["name"] in names:
             raise UsageError(f"{where}: the name {entry['name']!r} is used twice")
@@ -114,6 +139,7 @@ def external(path: str) -> list[tuple[str, Mutant]]:
             entry["new"],
             entry["why"],
             devices_,
+            equivalent=entry.get("equivalent", ""),
         )
         chosen.append((bug.id, mutant))
     return chosen
@@ -149,7 +175,9 @@ def _cost(chosen: tuple[str, Mutant]) -> float:
 def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, Mutant]], list[str]]:
     bugs = [registry.get(b).id for b in args.bug] or [b.id for b in registry.BUGS]
     if args.catalogue:
-        chosen = [(b, m) for b, m in external(args.catalogue) if b in bugs]
+        names: set[str] = set()
+        listed = [e for path in catalogue_files(args.catalogue) for e in external(path, names)]
+        chosen = [(b, m) for b, m in listed if b in bugs]
     else:
         chosen = [(b, m) for b in bugs for m in catalogue(b)]
     names = {m.name for _, m in chosen}
@@ -158,6 +186,16 @@ def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, Mutant]], list[str]
             raise UsageError(f"no mutant {name!r}; mutants: {', '.join(sorted(names))}")
     if args.mutant:
         chosen = [(b, m) for b, m in chosen if m.name in args.mutant]
+    if args.changed_since:
+        changed = _changed_since(args.changed_since)
+        touched = lambda b, m: (
+            m.file in changed
+            or any(
+                f.startswith(f"repro/bugs/{b}/") or f == f"tests/regressions/{b}.json"
+                for f in changed
+            )
+        )
+        chosen = [(b, m) for b, m in chosen if touched(b, m)]
     chosen = take_shard(chosen, parse_shard(args.shard), _cost, lambda c: (c[0], c[1].name))
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
@@ -174,8 +212,31 @@ def _plan(args: argparse.Namespace) -> tuple[list[tuple[str, Mutant]], list[str]
         raise UsageError(str(e)) from None
 
 
+def _changed_since(ref: str) -> set[str]:
+    """Files that differ between the revision `ref` and this checkout's work tree (untracked
+    ones included), relative to its root."""
+    root = Path(__file__).resolve().parent.parent
+    runs = (["diff", "--name-only", ref, "--"], ["ls-files", "--others", "--exclude-standard"])
+    found = set()
+    for argv in runs:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *argv], capture_output=True, text=True, timeout=60
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise UsageError(f"--changed-since {ref}: git: {e}") from None
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or ["git failed"])[-1]
+            raise UsageError(f"--changed-since {ref}: {why}")
+        found |= set(done.stdout.split())
+    return found
+
+
 def cmd_mutants(args: argparse.Namespace) -> int:
     chosen, wanted = _plan(args)
+    if args.changed_since and not chosen:
+        print(f"mutants: no bug's files changed since {args.changed_since}: nothing to run")
+        return 0
     if args.list:
         rows = [("bug", "mutant", "part", "kind", "devices", "why")]
         for bug, m in chosen:

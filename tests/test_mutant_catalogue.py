@@ -113,3 +113,66 @@ def test_an_independent_regression_set_loads_and_applies(path) -> None:
     for _, mutant in chosen:
         text = (ROOT / mutant.file).read_text()
         assert text.count(mutant.old) == 1, f"{mutant.name}: stale ({mutant.file})"
+
+
+def test_every_bug_has_its_independent_regression_set() -> None:
+    """Each of the bugs keeps one (issue 41; docs/adding-a-bug.md's definition of done)."""
+    missing = sorted({b.id for b in registry.BUGS} - {p.stem for p in REGRESSIONS})
+    assert not missing, f"no tests/regressions/BUG.json for {missing}"
+
+
+def test_the_regressions_directory_is_read_whole_and_selected_by_change(monkeypatch) -> None:
+    import argparse
+
+    from repro import mutants
+
+    def plan(**kw):
+        args = dict(bug=[], mutant=[], shard=None, jobs=None, fuzz=None, json=None)
+        args.update(device="cpu", catalogue=["tests/regressions"], changed_since=None)
+        args.update(kw)
+        return [(b, m.name) for b, m in mutants._plan(argparse.Namespace(**args))[0]]
+
+    monkeypatch.chdir(ROOT)
+    whole = plan()
+    assert len(whole) == sum(len(json.loads(p.read_text())) for p in REGRESSIONS)
+    edited = {m.file for _, m in mutants.external(str(REGRESSIONS[0]))}
+    some = sorted(edited)[0]
+    monkeypatch.setattr(mutants, "_changed_since", lambda ref: {some})
+    chosen = plan(changed_since="HEAD")
+    wanted = [(b, n) for b, n in whole if any(m.file == some for m in _by_name(b, n))]
+    assert chosen == wanted and chosen
+    bug = REGRESSIONS[1].stem
+    monkeypatch.setattr(mutants, "_changed_since", lambda ref: {f"repro/bugs/{bug}/scenarios.py"})
+    assert {b for b, _ in plan(changed_since="HEAD")} == {bug}
+    monkeypatch.setattr(mutants, "_changed_since", lambda ref: {"README.md"})
+    assert plan(changed_since="HEAD") == []
+
+
+def _by_name(bug: str, name: str) -> list:
+    from repro.mutants import external
+
+    return [
+        m
+        for b, m in external(str(ROOT / "tests" / "regressions" / f"{bug}.json"))
+        if m.name == name
+    ]
+
+
+def test_changed_since_a_revision_git_does_not_know_is_a_usage_error() -> None:
+    done = subprocess.run(
+        procs.repro_command(
+            "mutants",
+            "--catalogue",
+            "tests/regressions",
+            "--changed-since",
+            "no-such-revision",
+            "--device",
+            "cpu",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 2 and "--changed-since no-such-revision" in done.stderr
