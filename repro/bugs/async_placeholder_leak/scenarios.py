@@ -16,23 +16,39 @@ from harness.runner.model_runner import ModelRunner, RunnerConfig
 
 PROMPTS = {"A": (5, 9, 13), "B": (2, 7, 11)}
 MAX_TOKENS = 4
+# a second run: A runs on (seven tokens) while B finishes and C, preempted, resumes beside it
+ALONGSIDE = {"A": ((5,), 7), "B": ((2, 7, 11), MAX_TOKENS), "C": ((3, 8, 12), MAX_TOKENS)}
 
 
-def async_config(ctx: Context) -> RunnerConfig:
+def async_config(ctx: Context, num_reqs: int = 2, num_kv_blocks: int = 3) -> RunnerConfig:
     """An eager runner (no LoRA, no graphs) with three blocks of four tokens per group: two
-    three-token prompts fit, their fifth tokens do not both."""
+    three-token prompts fit, their fifth tokens do not both. (The second run: three requests
+    on four blocks.)"""
     return RunnerConfig(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,
         enable_lora=False,
         cudagraph_mode=CUDAGraphMode.NONE,
-        max_num_reqs=2,
+        max_num_reqs=num_reqs,
         max_num_tokens=8,
         max_model_len=8,
         block_sizes=(4, 4),
-        num_kv_blocks=3,
+        num_kv_blocks=num_kv_blocks,
     )
+
+
+def _serve(
+    ctx: Context, requests: dict[str, tuple[tuple[int, ...], int]], num_kv_blocks: int
+) -> tuple[ModelRunner, AsyncEngine, dict[str, int]]:
+    """Serve `requests` (prompt, max tokens) one step ahead; the preemptions per request."""
+    runner = ModelRunner(async_config(ctx, len(requests), num_kv_blocks))
+    scheduler = AsyncScheduler(runner.kv_cache, ctx.fixes)
+    for req_id, (prompt, max_tokens) in requests.items():
+        scheduler.add_request(req_id, prompt, max_tokens)
+    engine = AsyncEngine(runner, scheduler)
+    engine.run(max_steps=12)
+    return runner, engine, {q.req_id: q.num_preemptions for q in scheduler.finished}
 
 
 def resumed_after_preemption(ctx: Context) -> str:
@@ -42,21 +58,34 @@ def resumed_after_preemption(ctx: Context) -> str:
     (step 2 in flight), A's fifth token needs the last free block and B's none is left: B, the
     last running request, is preempted (blocks freed). When A finishes, B resumes: it prefills
     its five host tokens again (prompt and the two outputs the host has processed by then), in
-    a step whose previous one did not hold B.
+    a step whose previous one did not hold B. (That previous step launched nothing: A's last
+    token was in flight.)
 
-    Fixed: the worker takes B's tokens from the host (its own row holds -1 where each sampled
-    token went); every step's logits match the float64 reference of the host tokens.
-    Buggy: B's row keeps its placeholders and no previous-step row fills them: -1 reaches the
-    embedding's gather (a device-side assert on the GPU, "index out of range in self" on the
-    CPU).
+    A second run resumes a request beside one that keeps running, so the step before the
+    resume holds another request's row: A (a one-token prompt, seven tokens), B and C
+    (three-token prompts, four tokens each) on four blocks per group. Scheduling step 3, B
+    takes the last free block and C, the last running request, is preempted with its step 2 in
+    flight; B finishes, its two blocks come free, and C prefills its five host tokens again in
+    step 6, beside A's decode, after a step 5 that held A alone; A and C then decode once more
+    together.
+
+    Fixed: the worker takes B's (and C's) tokens from the host (its own row holds -1 where
+    each sampled token went); every step's logits match the float64 reference of the host
+    tokens.
+    Buggy: B's row (in the second run C's) keeps its placeholders and no previous-step row
+    fills them: -1 reaches the embedding's gather (a device-side assert on the GPU, "index out
+    of range in self" on the CPU).
     """
-    runner = ModelRunner(async_config(ctx))
-    scheduler = AsyncScheduler(runner.kv_cache, ctx.fixes)
-    for req_id, prompt in PROMPTS.items():
-        scheduler.add_request(req_id, prompt, MAX_TOKENS)
-    engine = AsyncEngine(runner, scheduler)
-    engine.run(max_steps=12)
-    preempted = {q.req_id: q.num_preemptions for q in scheduler.finished}
+    runner, engine, preempted = _serve(
+        ctx, {r: (p, MAX_TOKENS) for r, p in PROMPTS.items()}, num_kv_blocks=3
+    )
     assert preempted == {"A": 0, "B": 1}, f"trigger not reached: preemptions {preempted}"
     expect_all(engine_problems(runner, engine))
-    return f"{len(engine.steps)} steps, B resumed after one preemption: logits as the reference"
+    steps = len(engine.steps)
+    runner, engine, preempted = _serve(ctx, ALONGSIDE, num_kv_blocks=4)
+    assert preempted == {"A": 0, "B": 0, "C": 1}, f"trigger not reached: preemptions {preempted}"
+    expect_all(engine_problems(runner, engine))
+    return (
+        f"{steps} steps, B resumed after one preemption; {len(engine.steps)} steps, C resumed "
+        "beside A: logits as the reference"
+    )

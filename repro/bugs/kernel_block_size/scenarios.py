@@ -16,23 +16,42 @@ from harness.runner.model_runner import ModelRunner, RunnerConfig
 MANAGER, KERNEL = (8, 16), (4, 16)  # group 0: manager blocks of 8 tokens, kernel blocks of 4
 POOL = 10  # manager blocks per group: the seeded free list hands group 0's block 2 out first
 PROMPT = (5, 9, 13, 2, 7)  # 5 tokens, then one decode: 6 positions in manager block 2
+# the other splits, each on an axis a later change could treat apart (which group is split,
+# a hybrid runner, a decode backend that pages by the cache's kernel view): (label, manager
+# and kernel block sizes, pool, hybrid, decode backend, each group's manager blocks the seeded
+# free lists hand out: every kernel block id read, at either size, stays inside the pool)
+SPLITS = (
+    # group 1 split alone (16 into 8), its decode through the split-KV backend (FlashMLA's)
+    ("group 1 split, split-KV decode", ((8, 16), (8, 8)), POOL, False, "flashmla", [[2], [1]]),
+    # a hybrid runner (a state group in group 0's blocks, its state block handed out first),
+    # its decode loading whole pages (FlashInfer's TRTLLM kernels' way)
+    ("hybrid, whole-page decode", ((8, 16), (4, 16)), 6, True, "trtllm", [[1], [1]]),
+)
 
 
-def split_config(ctx: Context) -> RunnerConfig:
+def split_config(
+    ctx: Context,
+    sizes: tuple[tuple[int, ...], tuple[int, ...]] = (MANAGER, KERNEL),
+    pool: int = POOL,
+    hybrid: bool = False,
+    decode_backend: str = "paged",
+) -> RunnerConfig:
     """An eager runner (no LoRA, no graphs) whose group 0 attends in kernel blocks of half the
-    KV manager's."""
+    KV manager's (or the split `sizes`: manager, kernel)."""
     return RunnerConfig(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,
         enable_lora=False,
         cudagraph_mode=CUDAGraphMode.NONE,
-        block_sizes=MANAGER,
-        kernel_block_sizes=KERNEL,
-        num_kv_blocks=POOL,
+        block_sizes=sizes[0],
+        kernel_block_sizes=sizes[1],
+        num_kv_blocks=pool,
         max_num_reqs=2,
         max_num_tokens=8,
         max_model_len=16,
+        hybrid=hybrid,
+        decode_backend=decode_backend,
     )
 
 
@@ -46,33 +65,59 @@ def prefill_then_decode(ctx: Context) -> str:
     recomputes every position, and the decode's vs one that reads the prompt's K/V from the
     cache at the manager's slots (the layout every other reader of the cache assumes).
 
+    The same request then runs on two other runners: group 1 split alone (16 into 8; group 0
+    not), its decode through the split-KV backend (FlashMLA's, which pages by the cache's
+    kernel view, not by the builder's size); and a hybrid runner (a state group in group 0's
+    blocks, the record's own case) with group 0 split as above, its decode loading whole
+    pages (TRTLLM's, also paging by the kernel view).
+
     Fixed: attention is told the kernel block size (4): position p reads kernel block
-    table[p // 4], slot table[p // 4] * 4 + p % 4: A's own K/V.
+    table[p // 4], slot table[p // 4] * 4 + p % 4: A's own K/V, in whichever group is split,
+    hybrid or not; and each split group's cache is viewed in kernel pages (the decode backends
+    read it so).
     Buggy: attention is told the manager's (8): position p reads table[p // 8] * 8 + p % 8,
     slots 32-37 of manager block 4, which no request wrote (zeros): every logit wrong, no
-    error (upstream: gsm8k 0.02 on Qwen3-Next, #27547). The same on both devices: the
-    reads stay inside the pool here (kernel block ids below POOL); a larger id reads past
-    it, an unchecked load: neighbours' bytes, or a fault at a wild address.
+    error (upstream: gsm8k 0.02 on Qwen3-Next, #27547); on the other runners the same in the
+    split group's prefill (their decodes page by the view, right either way). The same on both
+    devices: the reads stay inside the pool here (kernel block ids below each pool's size); a
+    larger id reads past it, an unchecked load: neighbours' bytes, or a fault at a wild
+    address.
     """
     runner = ModelRunner(split_config(ctx))
-    seq = list(PROMPT)
-    first = runner.execute_model([Request("A", PROMPT)])
+    problems = _serve(runner, "")
     held = runner.kv_cache.blocks[0][0]
     assert held == [2], f"trigger not reached: A's manager blocks in group 0 {held}, not [2]"
+    for label, sizes, pool, hybrid, backend, blocks in SPLITS:
+        runner = ModelRunner(split_config(ctx, sizes, pool, hybrid, backend))
+        problems += _serve(runner, f"{label}: ")
+        held = runner.kv_cache.blocks[0]
+        assert held == blocks, f"trigger not reached ({label}): A's manager blocks {held}"
+    expect_all(problems)
+    return (
+        "group 0 in kernel blocks of 4 under manager blocks of 8, group 1 split alone, a hybrid "
+        "runner: both steps as the reference"
+    )
+
+
+def _serve(runner: ModelRunner, label: str) -> list[str | None]:
+    """Request A in row 0: its prefill and one decode step, each vs the references."""
+    seq = list(PROMPT)
+    first = runner.execute_model([Request("A", PROMPT)])
     problems = [
-        close("prefill logits vs reference", first.logits, recomputed_logits(runner, [seq]))
+        close(f"{label}prefill logits vs reference", first.logits, recomputed_logits(runner, [seq]))
     ]
     seq.append(int(first.logits[0].argmax()))
     step = Request("A", (seq[-1],), 0, len(PROMPT))
     decode = runner.execute_model([step])
     problems += [
-        close("decode logits vs reference", decode.logits, recomputed_logits(runner, [seq])),
+        close(
+            f"{label}decode logits vs reference", decode.logits, recomputed_logits(runner, [seq])
+        ),
         # the reference reads the prompt's K/V at the KV manager's slots: the cache layout
         close(
-            "decode logits vs the cache at the manager's slots",
+            f"{label}decode logits vs the cache at the manager's slots",
             decode.logits,
             step_reference(runner, [step])[1],
         ),
     ]
-    expect_all(problems)
-    return "group 0 in kernel blocks of 4 under manager blocks of 8: both steps as the reference"
+    return problems

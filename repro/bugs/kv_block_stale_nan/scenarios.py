@@ -15,6 +15,7 @@ from harness.runner.worker import Worker
 
 POOL = 3  # blocks per group: one request's state block and two pages of group 0
 FIRST, SECOND = [1, 2, 3, 4, 5], [9, 8, 7, 6, 5]  # 5 tokens: page 1 of group 0 holds one
+THIRD = [3, 1, 4, 1]  # 4 tokens: page 0 full, page 1 given by the decode step (length 5)
 NEW_TOKENS = 2  # the prefill, then a decode step at length 6: slots 2-3 of page 1 unused
 # (label, level, the wake_up calls' tags)
 CYCLES = (
@@ -64,11 +65,16 @@ def recycled_state_block(ctx: Context) -> str:
     block is A's page 1, and its page 1 is A's state block, still holding A's -1 words
     (0xFFFFFFFF: NaN read as float32 or bfloat16) in the slots B has not written yet.
 
+    Then request C (4 tokens: page 0 full) is given B's blocks back: its prefill takes one
+    page, and its decode step, crossing into page 1, is given B's state block, holding B's -1
+    words (a page a request grows into mid-generation, not one its prefill took).
+
     Every step's logits are compared with a float64 reference that recomputes every position.
-    Fixed: B's new pages are zeroed before the step (upstream: new_block_ids_to_zero and the
-    KVBlockZeroer): the unused slots weigh 0 x 0, every step as the reference. Buggy: B's
-    prefill is right (its attention loads only live positions), its decode steps load page 1
-    whole: 0 x NaN = NaN, the logits are NaN (wrong result, on both devices).
+    Fixed: B's and C's new pages are zeroed before the step that takes them (upstream:
+    new_block_ids_to_zero and the KVBlockZeroer), a decode step's as a prefill's: the unused
+    slots weigh 0 x 0, every step as the reference. Buggy: B's prefill is right (its attention
+    loads only live positions), its decode steps load page 1 whole: 0 x NaN = NaN, the logits
+    are NaN (wrong result, on both devices); C's decode the same.
     """
     runner = ModelRunner(hybrid_config(ctx))
     tokens_a, held_a, problems = serve(runner, FIRST, "request A")
@@ -76,10 +82,14 @@ def recycled_state_block(ctx: Context) -> str:
     assert held_b["pages"][-1] == held_a["state"], (
         f"trigger not reached: B's pages {held_b['pages']}, A's state block {held_a['state']}"
     )
-    expect_all(problems + found)
+    tokens_c, held_c, grown = serve(runner, THIRD, "request C (B's blocks, page 1 at decode)")
+    assert held_c["pages"][-1] == held_b["state"], (
+        f"trigger not reached: C's pages {held_c['pages']}, B's state block {held_b['state']}"
+    )
+    expect_all(problems + found + grown)
     return (
-        f"A {tokens_a}, B {tokens_b}: B's last page is A's state block "
-        f"{held_a['state']}, every step as the reference"
+        f"A {tokens_a}, B {tokens_b}, C {tokens_c}: B's last page is A's state block "
+        f"{held_a['state']}, C's (given at its decode) B's, every step as the reference"
     )
 
 

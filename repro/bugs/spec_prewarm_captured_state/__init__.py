@@ -120,6 +120,10 @@ RECORD = BugRecord(
         "keeps #44253's design, so the captured-state consumer of lazy_attn_state stays "
         "observable; #48261's own mechanism (a fresh state for the capture too, the draft's "
         "graph then records a planner of its own) is listed as an equivalent mutant: it passes "
-        "on the fixed runner."
+        "on the fixed runner. A disposable state shared by the prewarms of every capture size "
+        "(the largest plans it, the smaller run on that plan) computes the smaller batch's rows "
+        "right and walks the rows past them out of bounds, in outputs thrown away: nothing "
+        "faults reliably, so the scenario also checks, after every eager draft run, the plan "
+        "it ran on against the plan of its own lengths."
     ),
 )

@@ -59,7 +59,7 @@ RECORD = BugRecord(
         Scenario(
             "fewer_requests_after_larger_batch",
             (Expect(frozenset({PART}), ASSERT),),
-            axes=Axes(graph_modes=("FULL",), capture_sizes=(4,)),
+            axes=Axes(graph_modes=("FULL",), capture_sizes=(4,), steps_per_size=2),
             cpu_signature=r"index out of range[\s\S]*harness/runner/cudagraph\.py:\d+ in replay\b",
         ),
     ),
@@ -97,6 +97,9 @@ RECORD = BugRecord(
         "stale index is an earlier step's token position, a few rows past the hidden states: "
         "an unchecked load would read it silently on a GPU (no fault inside the allocator's "
         "segment); upstream's gather is aten indexing, whose bounds assert fires, and this "
-        "gather (index_select) shows the same class on both devices: a device-side assert."
+        "gather (index_select) shows the same class on both devices: a device-side assert. "
+        "The graph pads a step by tokens, by requests or both: the scenario replays one padded "
+        "by both (1 token, 1 request) and one padded by requests alone (4 tokens, 2 requests: "
+        "no padding token), so that a padding tied to the token padding fails too."
     ),
 )

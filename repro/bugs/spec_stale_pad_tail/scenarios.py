@@ -53,13 +53,20 @@ def fewer_requests_after_larger_batch(ctx: Context) -> str:
     persistent last_token_indices buffer; FULL graphs of 4 tokens and 4 requests hold it. Step
     1: requests r0, r1 and r2 prefill 11 tokens (over the graph size: eager), so the buffer
     holds 3, 6 and 10. r1 and r2 finish; step 2: r0 decodes one token, replaying the graph of
-    4, whose gather reads entries 0-3 of the buffer over 4 hidden states.
+    4, whose gather reads entries 0-3 of the buffer over 4 hidden states. The graph pads that
+    step by tokens (1 live of 4) and by requests (1 live of 4). Then the same after a step that
+    fills the graph's tokens exactly, padded by requests alone: step 3, r0 decodes while r3 and
+    r4 prefill 3 and 4 tokens (8 tokens, eager: the buffer holds 0, 3 and 7); r3 and r4
+    finish; step 4: r0 decodes and r5 prefills 3 tokens (4 tokens, 2 requests, the graph of 4:
+    no padding token at all, 2 padded requests).
 
-    Fixed: prepare pads the entries past the live request with 0 every step: the draft logits
-    of both steps match the float64 reference. Buggy: entries 1 and 2 still hold 6 and 10 from
-    step 1, past the step's 4 hidden states: the gather's bounds check fails (a device-side
-    assert on the GPU, "index out of range in self" on the CPU). The buffer was made at
-    start-up (zeros), not by a capture: the stale tail comes from the previous step.
+    Fixed: prepare pads the entries past the live requests with 0 every step, however the step
+    is padded: the draft logits of every step match the float64 reference. Buggy: entries 1 and
+    2 still hold 6 and 10 from step 1, past step 2's 4 hidden states: the gather's bounds check
+    fails (a device-side assert on the GPU, "index out of range in self" on the CPU). The
+    buffer was made at start-up (zeros), not by a capture: the stale tail comes from the
+    previous step. A padding that holds only when the step also has padding tokens fails step
+    4 the same way: its hidden states end at its last live token, no padding row behind it.
     """
     runner = ModelRunner(spec_config(ctx))
     runner.capture_model()
@@ -70,5 +77,20 @@ def fewer_requests_after_larger_batch(ctx: Context) -> str:
     decode = [Request("r0", (int(out.logits[0].argmax()),), 0, len(PROMPTS[0]))]
     out, found = checked_step(runner, decode, "step 2 (1 request, graph of 4)")
     assert out.desc is not None and out.desc.num_reqs == 4, f"trigger not reached: {out.desc}"
+    problems += found
+    # padded by requests alone: a larger step, then one that fills the graph's 4 tokens
+    done = len(PROMPTS[0]) + 1
+    larger = [Request("r0", (int(out.logits[0].argmax()),), 0, done)]
+    larger += [Request(f"r{3 + i}", p) for i, p in enumerate(PROMPTS[1:])]
+    out, found = checked_step(runner, larger, "step 3 (3 requests, eager)")
+    problems += found
+    for row in (1, 2):
+        runner.kv_cache.free(row)
+    full = [Request("r0", (int(out.logits[0].argmax()),), 0, done + 1), Request("r5", PROMPTS[1])]
+    out, found = checked_step(runner, full, "step 4 (2 requests, 4 tokens, graph of 4)")
+    assert out.desc is not None and out.desc.num_tokens == 4, f"trigger not reached: {out.desc}"
     expect_all(problems + found)
-    return "the draft prefill of 3 requests, then of 1 in a graph of 4: as the reference"
+    return (
+        "the draft prefill of 3 requests, then of 1 in a graph of 4; of 3, then of 2 filling "
+        "the graph's 4 tokens: as the reference"
+    )
