@@ -377,10 +377,5 @@ def _crash_log(text: str) -> str:
     return log
 
 
-def run_alone(bug_id: str) -> None:
-    """`python -m repro.bugs.<bug> [matrix options]`: its fixed and buggy variants side by side."""
-    main(["matrix", "--bug", bug_id, *sys.argv[1:]])
-
-
 if __name__ == "__main__":
     main()

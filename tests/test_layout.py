@@ -120,6 +120,44 @@ def test_dependencies_point_down(package: str) -> None:
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
+# The border inside harness/: the code under test (harness/runner/, with kernels/) reads from the
+# tool only its fix switches; the tool's process machinery never imports the code under test at
+# module level (a child imports it after the fork, from the tree its request names).
+UNDER_TEST = ("harness/runner", "kernels")
+TOOL_FOR_UNDER_TEST = {"harness.fixes"}
+MACHINERY = ["child", "isolate", "forkserver", "servers", "lifetime", "userdir", "device"]
+
+
+@pytest.mark.parametrize("package", UNDER_TEST)
+def test_the_code_under_test_reads_only_the_fix_switches_of_the_tool(package: str) -> None:
+    modules = {module_name(p) for package in FORBIDDEN for p in project_files(package)}
+    for path in project_files(package):
+        tool = {
+            m
+            for m in all_imports(path, modules)
+            if m.startswith("harness.") and not m.startswith("harness.runner")
+        }
+        bad = tool - TOOL_FOR_UNDER_TEST
+        assert not bad, f"{path.relative_to(ROOT)} (code under test) imports the tool's {bad}"
+
+
+@pytest.mark.parametrize("name", MACHINERY)
+def test_the_process_machinery_holds_no_code_under_test(name: str) -> None:
+    found = imports(ROOT / "harness" / f"{name}.py")
+    bad = {m for m in found if m.split(".")[0] == "kernels" or m.startswith("harness.runner")}
+    assert not bad, f"harness/{name}.py imports the code under test {sorted(bad)} at module level"
+
+
+def test_the_catalogue_imports_nothing_of_the_tool() -> None:
+    """repro/bugs/ (records, scenarios, mutants, entry points) imports repro.bugs only: no arrow
+    climbs from the catalogue to the tool (`python -m repro.bugs.BUG` hands over by exec)."""
+    modules = {module_name(p) for package in FORBIDDEN for p in project_files(package)}
+    for path in project_files("repro/bugs"):
+        tool = {m for m in all_imports(path, modules) if m.split(".")[0] == "repro"}
+        bad = {m for m in tool if not m.startswith("repro.bugs")}
+        assert not bad, f"{path.relative_to(ROOT)} imports the tool's {sorted(bad)}"
+
+
 def test_the_runner_holds_no_oracle() -> None:
     for path in project_files("harness/runner"):
         bad = {m for m in imports(path) if any(m.startswith(f) for f in RUNNER_FORBIDDEN)}

@@ -29,6 +29,24 @@ class MoEConfig:
     consumer: ConsumerFixes = field(default_factory=ConsumerFixes)
 
 
+def moe_config(fixes: Variant, device: str, *, twin: bool = False) -> MoEConfig:
+    """The MoE LoRA family's fix parts as its kernel switches, the one translation (the runner
+    and the kernel-level scenarios both read it): the CUDA C++ kernels on the GPU, their Triton
+    twin on the CPU, and on any device with `twin`."""
+    return MoEConfig(
+        "cuda" if device == "cuda" and not twin else "triton",
+        AlignFixes(
+            grid_plus_one=Fix.MOE_ALIGN_GRID_PLUS_ONE in fixes,
+            oob_guard=Fix.MOE_ALIGN_OOB_GUARD in fixes,
+            sort_adapter_check=Fix.MOE_ALIGN_SORT_ADAPTER_CHECK in fixes,
+        ),
+        consumer=ConsumerFixes(
+            grid_plus_one=Fix.MOE_LORA_GRID_PLUS_ONE in fixes,
+            id_guard=Fix.MOE_LORA_ID_GUARD in fixes,
+        ),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class LoRAMapping:
     index_mapping: tuple[int, ...]  # LoRA id per token (0 = no LoRA)

@@ -45,15 +45,13 @@ from harness.runner.lora import (
     LoRAManager,
     LoRAMapping,
     LoRAModelManager,
-    MoEConfig,
     PunicaWrapper,
+    moe_config,
 )
 from harness.runner.mamba import update_conv_state
 from harness.runner.model import ModelConfig, TinyLoRADecoder, rms_norm
 from harness.runner.sleep_mode import TaggedPools, make_pools
 from harness.runner.speculator import DraftPrefill
-from kernels.fused_moe_lora import ConsumerFixes
-from kernels.moe_lora_align import AlignFixes
 from kernels.paged_attention import reshape_and_cache, zero_kv_blocks
 
 FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
@@ -148,18 +146,7 @@ class ModelRunner:
             c.sliding_window,
         )
         self.model.fixes = self.fixes
-        self.model.moe = MoEConfig(
-            "cuda" if self.device == "cuda" else "triton",
-            AlignFixes(
-                grid_plus_one=Fix.MOE_ALIGN_GRID_PLUS_ONE in self.fixes,
-                oob_guard=Fix.MOE_ALIGN_OOB_GUARD in self.fixes,
-                sort_adapter_check=Fix.MOE_ALIGN_SORT_ADAPTER_CHECK in self.fixes,
-            ),
-            consumer=ConsumerFixes(
-                grid_plus_one=Fix.MOE_LORA_GRID_PLUS_ONE in self.fixes,
-                id_guard=Fix.MOE_LORA_ID_GUARD in self.fixes,
-            ),
-        )
+        self.model.moe = moe_config(self.fixes, self.device)
         pages = c.decode_backend == "trtllm"
         backend = FlashMLABackend(c.num_splits, c.max_model_len, self.device, pages)
         self.model.decode_backend = backend if c.decode_backend != "paged" else None

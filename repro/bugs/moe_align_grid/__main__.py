@@ -1,5 +1,8 @@
-"""`python -m repro.bugs.moe_align_grid [matrix options]`: fixed and buggy side by side."""
+"""`python -m repro.bugs.BUG [matrix options]`: its fixed and buggy variants side by side, the
+tool's `repro matrix --bug BUG` in this process's place (the catalogue imports nothing of it)."""
 
-from repro.cli import run_alone
+import os
+import sys
 
-run_alone("moe_align_grid")
+BUG = __spec__.parent.rpartition(".")[2]
+os.execv(sys.executable, [sys.executable, "-m", "repro", "matrix", "--bug", BUG, *sys.argv[1:]])

@@ -11,17 +11,16 @@ import torch
 
 from harness.oracle import Guarded, close, expect_all, mismatch
 from harness.record import Context
+from harness.runner.lora import moe_config
 from harness.runner.poison import poisoned_allocations
 from kernels.fused_moe_lora import fused_moe_lora_shrink, fused_moe_lora_shrink_reference
 from kernels.moe_lora_align import (
-    AlignFixes,
     align_sizes,
     canonical_sorted_ids,
     moe_lora_align_block_size,
     moe_lora_align_reference,
     processed_lora_ids,
 )
-from repro.bugs.moe_align_grid import GRID, GUARD, SORT_CHECK
 
 SENTINELS = (-2, -7, -13)  # prefill of sorted_token_ids, expert_ids, num_tokens_post_pad
 NUM_EXPERTS, BLOCK_SIZE, TOP_K = 8, 16, 2
@@ -80,23 +79,6 @@ def make_batch(
     )
 
 
-def align_fixes(ctx: Context) -> AlignFixes:
-    return AlignFixes(
-        grid_plus_one=GRID in ctx.fixes,
-        oob_guard=GUARD in ctx.fixes,
-        sort_adapter_check=SORT_CHECK in ctx.fixes,
-    )
-
-
-_TWIN_ONLY = False  # set by triton_twin, in its own child
-
-
-def backend(ctx: Context) -> str:
-    """The GPU runs the CUDA C++ kernels of csrc/; the CPU their Triton twin (interpreter), as
-    does triton_twin on every device."""
-    return "cuda" if ctx.device == "cuda" and not _TWIN_ONLY else "triton"
-
-
 def sentinel_outputs(batch: Batch, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     padded, m_blocks = batch.sizes
     shapes = ((batch.max_loras, padded), (batch.max_loras, m_blocks), (batch.max_loras,))
@@ -106,7 +88,10 @@ def sentinel_outputs(batch: Batch, device: str) -> tuple[torch.Tensor, torch.Ten
     )
 
 
-def run_align(ctx: Context, batch: Batch, outputs, **workspaces) -> None:
+def run_align(ctx: Context, batch: Batch, outputs, twin: bool = False, **workspaces) -> None:
+    """The align kernels under test: the GPU runs the CUDA C++ kernels of csrc/, the CPU their
+    Triton twin (interpreter), as does `twin` on every device (the runner's switches)."""
+    moe = moe_config(ctx.fixes, ctx.device, twin=twin)
     moe_lora_align_block_size(
         batch.topk_ids,
         batch.token_lora_mapping,
@@ -116,8 +101,8 @@ def run_align(ctx: Context, batch: Batch, outputs, **workspaces) -> None:
         num_experts=batch.num_experts,
         block_size=BLOCK_SIZE,
         max_loras=batch.max_loras,
-        fixes=align_fixes(ctx),
-        backend=backend(ctx),
+        fixes=moe.fixes,
+        backend=moe.backend,
         **workspaces,
     )
 
@@ -143,7 +128,7 @@ def align_problems(label: str, batch: Batch, outputs, prefill) -> list[str | Non
     ]
 
 
-def last_slot_rows(ctx: Context) -> str:
+def last_slot_rows(ctx: Context, twin: bool = False) -> str:
     """Mixed base + LoRA batch, max_loras = active LoRA count (1 and 2), both kernel paths.
 
     Outputs are prefilled with sentinels (-2, -7, -13). Fixed: every active LoRA's rows equal the
@@ -156,7 +141,7 @@ def last_slot_rows(ctx: Context) -> str:
             batch = make_batch(ctx, num_tokens, [-1, *range(max_loras)], max_loras)
             outputs = sentinel_outputs(batch, ctx.device)
             prefill = tuple(t.clone() for t in outputs)
-            run_align(ctx, batch, outputs)
+            run_align(ctx, batch, outputs, twin)
             label = f"max_loras={max_loras} {path} path:"
             problems += align_problems(label, batch, outputs, prefill)
     expect_all(problems)
@@ -227,7 +212,7 @@ def consumer_poisoned(ctx: Context) -> str:
     return f"shrink of {SMALL_TOKENS * TOP_K} pairs equals the dense reference"
 
 
-def oob_lora_id(ctx: Context) -> str:
+def oob_lora_id(ctx: Context, twin: bool = False) -> str:
     """Forged LoRA ids at and past the limit: lora_ids = [0, 1] and [0, 5] with max_loras = 1,
     on both kernel paths.
 
@@ -245,12 +230,12 @@ def oob_lora_id(ctx: Context) -> str:
         for path, num_tokens in (("small", SMALL_TOKENS), ("large", LARGE_TOKENS)):
             label = f"forged id {forged}, {path} path:"
             batch = make_batch(ctx, num_tokens, [0, forged], max_loras, adapter_enabled=enabled)
-            problems += _forged_rows(ctx, batch, rows, label)
+            problems += _forged_rows(ctx, batch, rows, label, twin)
     expect_all(problems)
     return "ids 1 and 5 skipped on both paths; lora 0 rows match; canaries intact"
 
 
-def _forged_rows(ctx: Context, batch: Batch, rows: int, label: str) -> list[str | None]:
+def _forged_rows(ctx: Context, batch: Batch, rows: int, label: str, twin: bool) -> list[str | None]:
     padded, m_blocks = batch.sizes
     numel, dev = batch.topk_ids.numel(), ctx.device
     guarded = {
@@ -263,12 +248,12 @@ def _forged_rows(ctx: Context, batch: Batch, rows: int, label: str) -> list[str 
     outputs = tuple(guarded[name].view for name in list(guarded)[:3])
     prefill = tuple(t.clone() for t in outputs)
     workspaces = {"token_mask": guarded["token_mask"].view, "cumsum": guarded["cumsum"].view}
-    run_align(ctx, batch, outputs, **workspaces)
+    run_align(ctx, batch, outputs, twin, **workspaces)
     problems = align_problems(label, batch, outputs, prefill)
     return problems + [g.trampled(f"{label} {name}") for name, g in guarded.items()]
 
 
-def disabled_adapter(ctx: Context) -> str:
+def disabled_adapter(ctx: Context, twin: bool = False) -> str:
     """A disabled adapter on the large path (numel 1226 >= 1024), token mask poisoned, and on
     the small path.
 
@@ -287,7 +272,7 @@ def disabled_adapter(ctx: Context) -> str:
         outputs = sentinel_outputs(batch, ctx.device)
         prefill = tuple(t.clone() for t in outputs)
         with poisoned_allocations():  # the launcher's token_mask workspace is torch.empty
-            run_align(ctx, batch, outputs)
+            run_align(ctx, batch, outputs, twin)
         problems += align_problems(f"{path} path, lora 0 disabled:", batch, outputs, prefill)
     expect_all(problems)
     return "disabled lora 0 rows untouched; lora 1 rows match (both paths)"
@@ -299,10 +284,8 @@ def triton_twin(ctx: Context) -> str:
     C++ kernels, yet the twin is code under test there too (the kernel an engine without csrc/
     runs; the marker suite tests it on the GPU): a regression of the twin flips this scenario
     on both devices. On the CPU it repeats what the three run already."""
-    global _TWIN_ONLY
-    _TWIN_ONLY = True
     for scenario in (last_slot_rows, oob_lora_id, disabled_adapter):
-        scenario(ctx)
+        scenario(ctx, twin=True)
     return "the Triton twin: every LoRA row matches, forged ids skipped, disabled rows untouched"
 
 

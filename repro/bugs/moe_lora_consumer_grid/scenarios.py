@@ -10,6 +10,7 @@ import torch
 
 from harness.oracle import Guarded, expect_all, mismatch
 from harness.record import Context
+from harness.runner.lora import moe_config
 from kernels.fused_moe_lora import (
     ConsumerFixes,
     fused_moe_lora_expand,
@@ -18,7 +19,6 @@ from kernels.fused_moe_lora import (
     fused_moe_lora_shrink_reference,
 )
 from kernels.moe_lora_align import align_sizes, moe_lora_align_reference
-from repro.bugs.moe_lora_consumer_grid import GRID, GUARD
 
 NUM_EXPERTS, BLOCK_SIZE, TOP_K, RANK, HIDDEN, SCALE = 8, 16, 2, 16, 64, 2.0
 NUM_TOKENS = 11
@@ -26,7 +26,8 @@ SHRINK_PREFILL, EXPAND_PREFILL = -7.0, -5.0  # sentinels: rows no program may wr
 
 
 def consumer_fixes(ctx: Context) -> ConsumerFixes:
-    return ConsumerFixes(grid_plus_one=GRID in ctx.fixes, id_guard=GUARD in ctx.fixes)
+    """The consumers' switches, as the runner sets them (harness.runner.lora.moe_config)."""
+    return moe_config(ctx.fixes, ctx.device).consumer
 
 
 def _ints(gen: torch.Generator, *shape: int) -> torch.Tensor:
