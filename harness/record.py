@@ -49,6 +49,44 @@ GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
 # wake_up() / wake_up([weights]) then wake_up([kv_cache]) / the KV cache first, then weights
 WAKES = ("all at once", "staged", "staged, kv_cache first")
 ADAPTER_STATES = ("enabled", "disabled", "absent", "evicted")  # disabled: no expert weights
+# the kinds of runner state a scenario walks: a request, a step or a config that makes it so
+STATES = (
+    # sleep and wake
+    "graphs across a level-2 sleep",  # a graph captured before sleep(2) replayed after the wake
+    "prefix hit on blocks cached before a sleep",  # a prompt repeated across a sleep, cache on
+    # KV blocks
+    "running request grows into a new block",  # a decode step crosses into a block it is given
+    "freed block reused by a running request",  # a running request is given a block another freed
+    "freed block reused by a new request",  # a new request is given a block another freed
+    "hybrid groups",  # a state group in group 0's blocks (RunnerConfig.hybrid)
+    "a later KV group split",  # a group after group 0 in kernel blocks under the manager's
+    # padding of a graph replay
+    "padded by tokens",  # padding tokens (and so padding rows) behind the live ones
+    "padded by requests only",  # the graph's tokens filled exactly, padding requests
+    "live rows not first",  # padding rows before or among the live rows
+    "padded count below the largest",  # padded to a captured size under the largest
+    # LoRA slots
+    "one adapter's slot changes",  # between steps of one batch, the other adapters' stay
+    "two adapters swap slots",  # between steps of one batch, two in-flight adapters trade slots
+    # sampling states
+    "restricted/unrestricted swap",  # a row with allowed_token_ids swapped with one without
+    "restricted/restricted swap",  # two rows with different allowed_token_ids swapped
+    "prompt logprobs on",
+    "prompt logprobs off",
+    # async scheduling
+    "two steps in flight",  # a step launched before the last one's output reached the host
+    "three steps in flight",
+    "two restricted steps in flight",  # two in flight, each with allowed_token_ids
+    "resumed after preemption",  # a preempted request scheduled again
+    # a request scheduled again past position 0 after a step without it (skipped, or resumed
+    # with its computed tokens kept)
+    "resumed at a later position",
+    "window not block-aligned",  # a sliding window that is no multiple of a block size
+    # speculative decoding
+    "one draft",  # one draft token per request and step
+    "several drafts",
+    "rejections in a row",  # drafts rejected by successive steps, each launched on the last
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +101,7 @@ class Axes:
     sleep_levels: tuple[int, ...] = ()
     wakes: tuple[str, ...] = ()
     adapters: tuple[str, ...] = ()
+    states: tuple[str, ...] = ()  # the kinds of runner state walked (STATES)
 
     def __post_init__(self) -> None:
         vocabularies = (
@@ -70,6 +109,7 @@ class Axes:
             ("sleep_levels", (1, 2)),
             ("wakes", WAKES),
             ("adapters", ADAPTER_STATES),
+            ("states", STATES),
         )
         for name, vocabulary in vocabularies:
             unknown = set(getattr(self, name)) - set(vocabulary)
@@ -85,6 +125,7 @@ class Axes:
             "sleep levels": ", ".join(map(str, self.sleep_levels)),
             "wake": ", ".join(self.wakes),
             "adapters": ", ".join(self.adapters),
+            "states": ", ".join(self.states),
         }
         return [f"{axis}: {values}" for axis, values in shown.items() if values]
 

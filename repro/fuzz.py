@@ -146,6 +146,8 @@ def draw_program(rng: random.Random) -> dict:
 
     config = {key: rng.choice(WEIGHTED.get(key, values)) for key, values in CONFIG.items()}
     config["sizes"] = list(config["sizes"])
+    if config["backend"] != "paged":  # the split-KV decode has no window (program.invalid)
+        config["window"] = 0
     state = {"active": [], "asleep": set(), "captured": False}
     ops: list[list] = []
     if config["lora"]:

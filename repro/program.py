@@ -43,12 +43,25 @@ CONFIG = {
     "lora": (True, False),
     "max_loras": (2, 3),
     "specialize": (False, True),
+    # the attention's kernel blocks: the KV manager's (4, 16), or each group's halved (2, 8)
+    "kernel_blocks": ("manager", "half"),
+    "window": (0, 8),  # a sliding window over the last tokens (0: none)
 }
+# keys added since programs were first kept: a program without one holds its first value
+LATER_KEYS = ("kernel_blocks", "window")
 MAX_MODEL_LEN, MAX_TOKENS, MAX_REQS = 32, 32, 8
+BLOCK_SIZES = (4, 16)
+
+
+def with_defaults(config: dict) -> dict:
+    """`config` with each of LATER_KEYS it lacks at its first value."""
+    return {**{key: CONFIG[key][0] for key in LATER_KEYS}, **config}
 
 
 def runner_config(ctx: Context, config: dict) -> RunnerConfig:
+    config = with_defaults(config)
     flashmla = config["backend"] == "flashmla"
+    half = config["kernel_blocks"] == "half"
     return RunnerConfig(
         ctx.device,
         ctx.fixes,
@@ -64,6 +77,9 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
         draft_attention=flashmla and config["draft"],
         max_model_len=MAX_MODEL_LEN,
         tables_in_graph=config["tables_in_graph"],
+        block_sizes=BLOCK_SIZES,
+        kernel_block_sizes=tuple(b // 2 for b in BLOCK_SIZES) if half else (),
+        sliding_window=config["window"],
     )
 
 
@@ -210,12 +226,17 @@ def invalid(program: dict) -> str | None:
     """Why `program` is not one `repro fuzz` could draw (None: valid). Pure Python: the
     parent checks shrunk programs and --replay input with it, before a child runs them."""
     config, ops = program.get("config"), program.get("ops")
-    if not isinstance(config, dict) or set(config) != set(CONFIG):
-        return f"config needs exactly the keys {sorted(CONFIG)}"
+    if not isinstance(config, dict) or not set(CONFIG) - set(LATER_KEYS) <= set(config):
+        return f"config needs the keys {sorted(CONFIG)} ({', '.join(LATER_KEYS)} optional)"
+    if set(config) - set(CONFIG):
+        return f"config keys unknown: {sorted(set(config) - set(CONFIG))}"
+    config = with_defaults(config)
     for key, values in CONFIG.items():
         value = tuple(config[key]) if isinstance(config[key], list) else config[key]
         if value not in values:
             return f"config {key}={config[key]!r}: one of {values}"
+    if config["window"] and config["backend"] != "paged":
+        return "a sliding window needs the paged backend (the split-KV decode has none)"
     active, asleep, captured = [], set(), False
     for i, op in enumerate(ops if isinstance(ops, list) else [None]):
         why = _invalid_op(op, config, active, asleep, captured)

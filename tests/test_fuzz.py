@@ -81,6 +81,25 @@ def test_invalid_configs_are_named() -> None:
     assert "mode" in invalid({"config": {**CONFIG, "mode": "FULL_DECODE_ONLY"}, "ops": []})
     assert "keys" in invalid({"config": {"mode": "FULL"}, "ops": []})
     assert "capture" in invalid({"config": {**CONFIG, "mode": "NONE"}, "ops": [["capture"]]})
+    # kernel blocks and a sliding window (issue 41): drawn since; a program without them is
+    # the one it was (manager blocks, no window); the split-KV decode has no window
+    assert invalid({"config": {**CONFIG, "kernel_blocks": "half", "window": 8}, "ops": []}) is None
+    assert "kernel_blocks" in invalid({"config": {**CONFIG, "kernel_blocks": "x"}, "ops": []})
+    flashmla = {**CONFIG, "backend": "flashmla", "window": 8}
+    assert "paged backend" in invalid({"config": flashmla, "ops": []})
+    assert "unknown" in invalid({"config": {**CONFIG, "no_such_key": 1}, "ops": []})
+
+
+def test_the_draw_reaches_kernel_blocks_and_windows() -> None:
+    import random
+
+    from repro.fuzz import draw_program
+
+    drawn = [draw_program(random.Random(n))["config"] for n in range(200)]
+    assert {(c["kernel_blocks"], c["window"]) for c in drawn} == {
+        (k, w) for k in ("manager", "half") for w in (0, 8)
+    }
+    assert all(not c["window"] or c["backend"] == "paged" for c in drawn)
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,8 @@ def test_record_matches_its_scenarios(bug, dev) -> None:
 # The configuration axes that can matter to each bug (issue 20): the union over its scenarios'
 # declared axes must cover them. Graph bugs replay at least two sizes, each at least twice with
 # other lengths; wake bugs sleep at both levels and wake at once and staged; MoE-LoRA bugs
-# send adapters in every state through the align and its consumers.
+# send adapters in every state through the align and its consumers. `states`: the kinds of runner
+# state (record.STATES) a bug's fix must be seen through (an empty set: none of them matters).
 GRAPHS = {"capture_sizes": 2, "steps_per_size": 2}
 WAKE = {"sleep_levels": {1, 2}, "wakes": {"all at once", "staged"}}
 ADAPTERS = {"adapters": {"enabled", "disabled", "absent", "evicted"}}
@@ -99,34 +100,91 @@ REQUIRED_AXES = {
     "lazy_attn_state": {**GRAPHS, "graph_modes": {"PIECEWISE", "FULL_AND_PIECEWISE"}},
     "capture_first_call": {**GRAPHS, "graph_modes": {"PIECEWISE", "FULL", "FULL_AND_PIECEWISE"}},
     "spec_capture_state": {**GRAPHS, "graph_modes": {"FULL_AND_PIECEWISE"}},
-    "spec_prewarm_captured_state": {**GRAPHS, "graph_modes": {"FULL_AND_PIECEWISE"}},
+    # its states (padding, one draft) are incidental: the hazard is the capture's prewarm
+    "spec_prewarm_captured_state": {
+        **GRAPHS,
+        "graph_modes": {"FULL_AND_PIECEWISE"},
+        "states": set(),
+    },
     "block_table_wake": WAKE,
     "block_table_graph_wake": {**GRAPHS, **WAKE},
     "moe_align_grid": ADAPTERS,
     "moe_lora_consumer_grid": {**ADAPTERS, "graph_modes": {"FULL"}},
-    "level2_sleep_state": {**WAKE, "wakes": {"all at once", "staged", "staged, kv_cache first"}},
-    "partial_wake_forward": {**WAKE, "wakes": {"staged", "staged, kv_cache first"}},
-    "kv_block_stale_nan": {"sleep_levels": {1, 2}},
-    "sleep_prefix_cache": WAKE,
+    # no scenario replays graphs captured before a level-2 sleep (a hole: graph mode NONE)
+    "level2_sleep_state": {
+        **WAKE,
+        "wakes": {"all at once", "staged", "staged, kv_cache first"},
+        "states": set(),
+    },
+    "partial_wake_forward": {
+        **WAKE,
+        "wakes": {"staged", "staged, kv_cache first"},
+        "states": set(),
+    },
+    # stale bytes in a recycled block: new and running requests, mid-generation growth
+    "kv_block_stale_nan": {
+        "sleep_levels": {1, 2},
+        "states": {
+            "hybrid groups",
+            "freed block reused by a new request",
+            "freed block reused by a running request",
+            "running request grows into a new block",
+        },
+    },
+    "sleep_prefix_cache": {**WAKE, "states": {"prefix hit on blocks cached before a sleep"}},
     # padding rows and sentinels (issue 23): what pads a batch is a captured graph
-    "pad_slot_negative_index": {"graph_modes": {"FULL", "PIECEWISE"}},
-    "spec_stale_pad_tail": {"graph_modes": {"FULL"}},
+    "pad_slot_negative_index": {
+        "graph_modes": {"FULL", "PIECEWISE"},
+        "states": {"padded by tokens"},
+    },
+    "spec_stale_pad_tail": {
+        "graph_modes": {"FULL"},
+        "states": {"padded by tokens", "padded by requests only"},
+    },
     # padding rows exist only in graph replays (one size, two paddings)
-    "moe_pad_nan_topk": {"graph_modes": {"PIECEWISE"}, "steps_per_size": 2},
-    "moe_pad_sentinel": {"graph_modes": {"FULL", "PIECEWISE"}, "steps_per_size": 2},
+    "moe_pad_nan_topk": {
+        "graph_modes": {"PIECEWISE"},
+        "steps_per_size": 2,
+        "states": {"padded by tokens"},
+    },
+    "moe_pad_sentinel": {
+        "graph_modes": {"FULL", "PIECEWISE"},
+        "steps_per_size": 2,
+        "states": {"padded by tokens"},
+    },
     # memos, aliases and two notions of one size (issue 24): a swap on the host, no graph
-    "input_batch_swap_alias": {"graph_modes": {"NONE"}},
-    "kernel_block_size": {"graph_modes": {"NONE"}},
+    "input_batch_swap_alias": {
+        "graph_modes": {"NONE"},
+        "states": {"restricted/unrestricted swap", "restricted/restricted swap"},
+    },
+    "kernel_block_size": {
+        "graph_modes": {"NONE"},
+        "states": {"a later KV group split", "hybrid groups"},
+    },
     # memos, aliases (issue 24): a hot-added adapter evicts one in flight, eager and replayed
-    "lora_slot_memo": {"graph_modes": {"NONE", "FULL"}, "adapters": {"enabled", "evicted"}},
+    "lora_slot_memo": {
+        "graph_modes": {"NONE", "FULL"},
+        "adapters": {"enabled", "evicted"},
+        "states": {"two adapters swap slots"},
+    },
     # a drafter's replay over the target's outputs: in both graph modes, prefill and decode
-    "graph_output_alias": {"graph_modes": {"PIECEWISE", "FULL"}, "steps_per_size": 2},
+    "graph_output_alias": {
+        "graph_modes": {"PIECEWISE", "FULL"},
+        "steps_per_size": 2,
+        "states": {"prompt logprobs on"},
+    },
     # async scheduling and copy streams (issue 25): host/device order, eager steps
-    "async_pinned_race": {"graph_modes": {"NONE"}},
-    "async_output_lifetime": {"graph_modes": {"NONE"}},
+    "async_pinned_race": {"graph_modes": {"NONE"}, "states": {"two steps in flight"}},
+    "async_output_lifetime": {"graph_modes": {"NONE"}, "states": {"two steps in flight"}},
     # async scheduling (issue 25): the scheduler one step ahead drives eager steps
-    "async_placeholder_leak": {"graph_modes": {"NONE"}},
-    "async_window_free": {"graph_modes": {"NONE"}},
+    "async_placeholder_leak": {
+        "graph_modes": {"NONE"},
+        "states": {"resumed after preemption", "two steps in flight"},
+    },
+    "async_window_free": {
+        "graph_modes": {"NONE"},
+        "states": {"one draft", "several drafts", "rejections in a row", "two steps in flight"},
+    },
 }
 
 
@@ -139,6 +197,7 @@ def _covered(bug) -> dict[str, object]:
         "sleep_levels": {level for a in axes for level in a.sleep_levels},
         "wakes": {w for a in axes for w in a.wakes},
         "adapters": {s for a in axes for s in a.adapters},
+        "states": {s for a in axes for s in a.states},
     }
 
 
@@ -162,3 +221,5 @@ def test_axes_refuse_unknown_values() -> None:
         Axes(graph_modes=("FULL_DECODE_ONLY",))
     with pytest.raises(ValueError, match="sleep_levels"):
         Axes(sleep_levels=(3,))
+    with pytest.raises(ValueError, match="states"):
+        Axes(states=("padded by luck",))

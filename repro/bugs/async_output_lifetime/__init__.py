@@ -62,7 +62,7 @@ RECORD = BugRecord(
         Scenario(
             "steps_in_flight_back_to_back",
             (Expect(frozenset({PART}), WRONG),),
-            axes=Axes(graph_modes=("NONE",)),
+            axes=Axes(graph_modes=("NONE",), states=("two steps in flight",)),  # 0-1, 1-2
             signature=SIGNATURE,
         ),
     ),

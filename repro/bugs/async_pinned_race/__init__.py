@@ -65,7 +65,7 @@ RECORD = BugRecord(
         Scenario(
             "restricted_step_then_next_update",
             (Expect(frozenset({PART}), WRONG),),
-            axes=Axes(graph_modes=("NONE",)),
+            axes=Axes(graph_modes=("NONE",), states=("two steps in flight",)),  # 0, then 1
             signature=SIGNATURE,
         ),
     ),

@@ -67,7 +67,11 @@ RECORD = BugRecord(
         Scenario(
             "resumed_after_preemption",
             (Expect(frozenset({PART}), ASSERT),),
-            axes=Axes(graph_modes=("NONE",)),
+            axes=Axes(
+                graph_modes=("NONE",),
+                # B (then C) preempted with its step in flight, prefilled again from position 0
+                states=("resumed after preemption", "two steps in flight"),
+            ),
             cpu_signature=SIGNATURE,
         ),
     ),

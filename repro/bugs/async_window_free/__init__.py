@@ -67,7 +67,17 @@ RECORD = BugRecord(
         Scenario(
             "rejected_drafts_after_window_free",
             (Expect(frozenset({PART}), WRONG),),
-            axes=Axes(graph_modes=("NONE",)),
+            axes=Axes(
+                graph_modes=("NONE",),
+                # two drafts rejected once; one draft rejected by steps 1-3; blocks of 2 tokens
+                states=(
+                    "several drafts",
+                    "one draft",
+                    "rejections in a row",
+                    "two steps in flight",
+                    "running request grows into a new block",
+                ),
+            ),
             signature=SIGNATURE,
         ),
     ),

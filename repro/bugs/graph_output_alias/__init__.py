@@ -22,7 +22,14 @@ PART = Fix.GRAPH_OUTPUT_COPY_BEFORE_DRAFT
 
 
 def _axes(mode: str) -> Axes:
-    return Axes(graph_modes=(mode,), capture_sizes=(8,), steps_per_size=2)
+    return Axes(
+        graph_modes=(mode,),
+        capture_sizes=(8,),
+        steps_per_size=2,
+        # the prefill: 8 tokens of 2 requests in the graph of 8 (4 requests); the decode: 2
+        # tokens in it; the drafter proposes one token a request
+        states=("padded by requests only", "padded by tokens", "prompt logprobs on", "one draft"),
+    )
 
 
 # How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).

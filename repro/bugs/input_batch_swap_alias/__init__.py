@@ -59,7 +59,11 @@ RECORD = BugRecord(
         Scenario(
             "restricted_prefill_behind_decodes",
             (Expect(frozenset({PART}), WRONG),),
-            axes=Axes(graph_modes=("NONE",)),
+            axes=Axes(
+                graph_modes=("NONE",),
+                # step 2: Q <-> D1 and P <-> D2; step 3: S <-> P
+                states=("restricted/unrestricted swap", "restricted/restricted swap"),
+            ),
             signature="disallowed tokens of rows .*: \\d+/\\d+ differ",
         ),
     ),

@@ -61,7 +61,11 @@ RECORD = BugRecord(
         Scenario(
             "prefill_then_decode",
             (Expect(frozenset({PART}), WRONG),),
-            axes=Axes(graph_modes=("NONE",)),
+            axes=Axes(
+                graph_modes=("NONE",),
+                # SPLITS: group 1 split alone; a hybrid runner
+                states=("a later KV group split", "hybrid groups"),
+            ),
             signature="prefill logits vs reference: \\d+/\\d+ differ",
         ),
     ),

@@ -62,13 +62,28 @@ RECORD = BugRecord(
         Scenario(
             "recycled_state_block",
             (Expect(frozenset({PART}), WRONG),),
-            axes=Axes(graph_modes=("NONE",)),
+            axes=Axes(
+                graph_modes=("NONE",),
+                # B is given A's blocks; C's decode crosses into page 1, B's state block
+                states=(
+                    "hybrid groups",
+                    "freed block reused by a new request",
+                    "freed block reused by a running request",
+                    "running request grows into a new block",
+                ),
+            ),
             signature=NAN_LOGITS,
         ),
         Scenario(
             "fresh_blocks_after_wake",
             (Expect(frozenset({PART}), WRONG),),
-            axes=Axes(graph_modes=("NONE",), sleep_levels=(1, 2), wakes=WAKES[:2]),
+            axes=Axes(
+                graph_modes=("NONE",),
+                sleep_levels=(1, 2),
+                wakes=WAKES[:2],
+                # a pool of 3 blocks: each serve after a wake is given the last one's blocks
+                states=("hybrid groups", "freed block reused by a new request"),
+            ),
             signature=NAN_LOGITS,
         ),
     ),

@@ -20,6 +20,9 @@ from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 PART = Fix.LORA_SLOT_LAYOUT_MEMO
 ADAPTERS = ("enabled", "evicted")
+# the hot add evicts 1; the next step's activation moves 1 to slot 1 and 2 to slot 0: (1, 2)
+# becomes (2, 1)
+STATES = ("two adapters swap slots",)
 
 # How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
 FIDELITY = Fidelity(
@@ -55,14 +58,18 @@ RECORD = BugRecord(
         Scenario(
             "adapter_added_between_decode_steps",
             (Expect(frozenset({PART}), WRONG),),
-            axes=Axes(graph_modes=("NONE",), adapters=ADAPTERS),
+            axes=Axes(graph_modes=("NONE",), adapters=ADAPTERS, states=STATES),
             signature="hidden states vs reference: \\d+/\\d+ differ",
         ),
         Scenario(
             "adapter_added_between_graph_replays",
             (Expect(frozenset({PART}), WRONG),),
             axes=Axes(
-                graph_modes=("FULL",), capture_sizes=(2,), steps_per_size=3, adapters=ADAPTERS
+                graph_modes=("FULL",),
+                capture_sizes=(2,),
+                steps_per_size=3,
+                adapters=ADAPTERS,
+                states=STATES,
             ),
             signature="hidden states vs reference: \\d+/\\d+ differ",
         ),

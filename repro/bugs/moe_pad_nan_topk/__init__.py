@@ -69,12 +69,18 @@ RECORD = BugRecord(
         Scenario(
             "nan_padding_rows",
             (Expect(frozenset({PART}), ILLEGAL),),
+            axes=Axes(states=("padded by tokens",)),  # 2 NaN rows behind 3 live ones
             cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
         Scenario(
             "piecewise_padded_decode",
             (Expect(frozenset({PART}), ILLEGAL),),
-            axes=Axes(graph_modes=("PIECEWISE",), capture_sizes=(4,), steps_per_size=2),
+            axes=Axes(
+                graph_modes=("PIECEWISE",),
+                capture_sizes=(4,),
+                steps_per_size=2,
+                states=("padded by tokens",),  # 3, then 2 tokens in the graph of 4
+            ),
             cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
     ),

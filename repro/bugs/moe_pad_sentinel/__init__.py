@@ -76,18 +76,29 @@ RECORD = BugRecord(
         Scenario(
             "sentinel_rows",
             (Expect(frozenset({PART}), ILLEGAL),),
+            axes=Axes(states=("padded by tokens",)),  # 3 live rows of 5
             cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
         Scenario(
             "full_graph_padded_decode",
             (Expect(frozenset({PART}), ILLEGAL),),
-            axes=Axes(graph_modes=("FULL",), capture_sizes=(4,), steps_per_size=2),
+            axes=Axes(
+                graph_modes=("FULL",),
+                capture_sizes=(4,),
+                steps_per_size=2,
+                states=("padded by tokens",),  # 3, then 2 tokens in the graph of 4
+            ),
             cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
         Scenario(
             "piecewise_padded_decode",
             (Expect(frozenset({PART}), ILLEGAL),),
-            axes=Axes(graph_modes=("PIECEWISE",), capture_sizes=(4,), steps_per_size=2),
+            axes=Axes(
+                graph_modes=("PIECEWISE",),
+                capture_sizes=(4,),
+                steps_per_size=2,
+                states=("padded by tokens",),  # 3, then 2 tokens in the graph of 4
+            ),
             cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
     ),

@@ -55,7 +55,11 @@ RECORD = BugRecord(
         Scenario(
             "padded_decode_after_prefill",
             (Expect(frozenset({PART}), WRONG),),
-            axes=Axes(graph_modes=("FULL", "PIECEWISE"), capture_sizes=(4,)),
+            axes=Axes(
+                graph_modes=("FULL", "PIECEWISE"),
+                capture_sizes=(4,),
+                states=("padded by tokens",),  # A's decode: 1 token in the graph of 4
+            ),
             signature="extracted hidden states .* vs reference: \\d+/\\d+ differ",
         ),
     ),
