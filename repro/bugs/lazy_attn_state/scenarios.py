@@ -139,12 +139,13 @@ def captured_state_consumer(ctx: Context) -> str:
     return draft_decode_steps(ctx)
 
 
-def draft_decode_steps(ctx: Context) -> str:
+def draft_decode_steps(ctx: Context, watch=None) -> str:
     """Capture with the draft attention, then decode steps: the draft's replay vs its eager
-    step vs the float64 reference."""
+    step vs the float64 reference. `watch(runner)`, before the capture, returns a list that
+    the problems it finds join (checked with the steps')."""
     runner = decode_runner(ctx, CUDAGraphMode.FULL_AND_PIECEWISE, draft=True)
+    problems = watch(runner) if watch else []
     runner.capture_model()
-    problems = []
     for step, lens in enumerate(STEPS):
         _, replay, eager = _decode(runner, ctx, step, lens)
         label = f"lengths {lens}"

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from harness.oracle import close, expect_all, mismatch
+from harness.oracle import mismatch
 from harness.record import Context
-from harness.reference import draft_reference
-from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.flashmla import DraftInputs, FlashMLASchedMeta
 from harness.runner.model_runner import ModelRunner
 from kernels.split_kv_attention import plan_reference
-from repro.bugs.lazy_attn_state.scenarios import STEPS, _decode, decode_runner
+from repro.bugs.lazy_attn_state.scenarios import draft_decode_steps
 
 
 def speculator_prewarm(ctx: Context) -> str:
@@ -41,22 +39,7 @@ def speculator_prewarm(ctx: Context) -> str:
     away, and it need not fault; after the run, its plan is not its lengths': a wrong result
     (on the CPU the interpreter may crash first on the heap it overwrote).
     """
-    runner = decode_runner(ctx, CUDAGraphMode.FULL_AND_PIECEWISE, draft=True)
-    problems = check_eager_plans(runner)
-    runner.capture_model()
-    for step, lens in enumerate(STEPS):
-        _, replay, eager = _decode(runner, ctx, step, lens)
-        label = f"lengths {lens}"
-        problems += [
-            close(f"{label}: draft replay vs eager", replay.draft, eager.draft),
-            close(
-                f"{label}: eager draft vs reference",
-                eager.draft,
-                draft_reference(runner, eager.hidden_states, lens),
-            ),
-        ]
-    expect_all(problems)
-    return f"{len(STEPS)} decode steps: draft replay == eager ~ reference; eager plans their own"
+    return draft_decode_steps(ctx, watch=check_eager_plans) + "; eager plans their own"
 
 
 def check_eager_plans(runner: ModelRunner) -> list[str | None]:
