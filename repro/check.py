@@ -5,9 +5,11 @@ CHECK_EPILOG). Every argument is checked before anything heavy starts."""
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness import device as devices
@@ -241,6 +243,7 @@ class Finding:
     documented: frozenset[Outcome] | None  # --symptom: the classes that count
     signed: bool = True  # --symptom: the evidence matches the scenario's failure signature
     tight: str = ""  # a timeout at a limit too tight to tell a hang: why (then it never counts)
+    settled_by: str = ""  # left unconfirmed: this scenario's confirmed failure settled the verdict
 
     @property
     def flaky(self) -> bool:
@@ -250,7 +253,7 @@ class Finding:
     def counted(self) -> bool:
         o = self.first.outcome
         documented = self.documented is None or (o in self.documented and self.signed)
-        return not self.flaky and documented and not self.tight
+        return not self.flaky and documented and not self.tight and not self.settled_by
 
     def describe(self) -> str:
         o = self.first.outcome.value
@@ -258,6 +261,8 @@ class Finding:
             return o
         if self.tight:
             return f"{o}, {self.tight}: cannot test, not counted"
+        if self.settled_by:
+            return f"{o}, not confirmed: {self.settled_by}'s confirmed failure settled the verdict"
         if self.flaky:
             return f"{o}, then {self.again.outcome.value} on a second run: flaky, not counted"
         confirmed = ", confirmed by a second run" if self.again is not None else ""
@@ -275,6 +280,19 @@ def cmd_check(args: argparse.Namespace) -> int:
         from repro.common import writable
 
         writable(args.json, "--json")
+
+    def find(first: Result, again: Result | None, settled_by: str = "") -> Finding:
+        scenario = p.bug.scenario(first.job.scenario)
+        return Finding(
+            first,
+            again,
+            scenario.documented(p.device) if args.symptom else None,
+            scenario.signed(first.evidence, p.device),
+            "" if _hang(p.bug, first) else _too_tight(p.bug, first),
+            settled_by if first.outcome.is_failure else "",
+        )
+
+    confirm = None
     with Isolator() as isolator:
         isolator.warm(p.device)
         why_not = _why_not(p, isolator, args.sanitizer)
@@ -286,23 +304,15 @@ def cmd_check(args: argparse.Namespace) -> int:
                 first = isolator.run_all(p.jobs, 1, stop_on_failure=True)
                 failed = [r.job for r in first if r.outcome.is_failure]
                 again = {} if args.no_confirm else _by_job(isolator.run_all(failed))
-            else:  # a failure's confirming run starts as soon as it failed
-                confirm = None if args.no_confirm else _Confirm()
+            else:  # a failure's confirming run starts as soon as it failed (one at a time)
+                confirm = None if args.no_confirm else _Confirm(lambda r, a: find(r, a).counted)
                 ran = isolator.run_all(p.jobs, then=confirm)
                 first, again = ran[: len(p.jobs)], _by_job(ran[len(p.jobs) :])
         except Interrupted:
             print(f"{p.label}: cannot test: interrupted")
             return EXIT_CANNOT_TEST
-    findings = [
-        Finding(
-            r,
-            again.get(r.job),
-            p.bug.scenario(r.job.scenario).documented(p.device) if args.symptom else None,
-            p.bug.scenario(r.job.scenario).signed(r.evidence, p.device),
-            "" if _hang(p.bug, r) else _too_tight(p.bug, r),
-        )
-        for r in first
-    ]
+    settled = confirm.settled_by if not args.fail_fast and confirm else ""
+    findings = [find(r, again.get(r.job), settled if r.job not in again else "") for r in first]
     code = exit_code((f.first.outcome for f in findings), (f.counted for f in findings))
     print(f"{p.label}: {_verdict(code, findings)}")
     if args.json:
@@ -325,16 +335,38 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 class _Confirm:
-    """A first run's failure gets one confirming run: the same job again (its own child)."""
+    """One failure at a time gets a confirming run (the same job again, its own child), as soon
+    as it failed; once one confirmation counts, the verdict is settled (exit 1) and the other
+    failures stay unconfirmed. A confirmation that does not count (flaky, or under --symptom an
+    undocumented class) hands over to the next failure. A GPU queues its contexts' work, so each
+    run saved is a run's device time off the check."""
 
-    def __init__(self) -> None:
-        self.asked: set[Job] = set()
+    def __init__(self, counts: Callable[[Result, Result], bool]) -> None:
+        self.counts = counts
+        self.firsts: dict[Job, Result] = {}
+        self.waiting: collections.deque[Job] = collections.deque()
+        self.in_flight: Job | None = None
+        self.settled_by: str = ""  # the scenario whose confirmation settled the verdict
 
     def __call__(self, result: Result) -> Job | None:
-        if not result.outcome.is_failure or result.job in self.asked:
+        job = result.job
+        if job == self.in_flight:  # a confirmation
+            self.in_flight = None
+            if self.counts(self.firsts[job], result):
+                self.settled_by = job.scenario
+                self.waiting.clear()
+                return None
+            return self._next()
+        if not result.outcome.is_failure or job in self.firsts:
             return None
-        self.asked.add(result.job)
-        return result.job
+        self.firsts[job] = result
+        if not self.settled_by:
+            self.waiting.append(job)
+        return self._next() if self.in_flight is None else None
+
+    def _next(self) -> Job | None:
+        self.in_flight = self.waiting.popleft() if self.waiting else None
+        return self.in_flight
 
 
 def _by_job(results: list[Result]) -> dict[Job, Result]:

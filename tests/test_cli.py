@@ -364,3 +364,34 @@ def test_check_runs_a_suspect_parts_scenarios_first() -> None:
     ]
     with pytest.raises(UsageError, match="a fix part of lora_dummy_run"):
         order("--suspect", "lora_dummy_mapping")
+
+
+def test_a_check_confirms_one_failure_at_a_time_until_one_counts() -> None:
+    """The confirming runs of `repro check`: the first failure is rerun at once; the next only
+    if that confirmation does not count (here: flaky); once one counts, no more reruns."""
+    from harness.isolate import Job, Result
+    from harness.outcome import Outcome
+    from repro.check import _Confirm
+
+    a, b, c, d = (Job("bug", name, "m:f", frozenset(), "cpu", 60.0) for name in "abcd")
+    wrong, ok = Outcome.WRONG_RESULT, Outcome.PASS
+    confirm = _Confirm(lambda first, again: first.outcome == again.outcome)
+    assert confirm(Result(d, ok, "", 1.0)) is None  # a pass is never rerun
+    assert confirm(Result(a, wrong, "", 1.0)) == a  # the first failure: rerun at once
+    assert confirm(Result(b, wrong, "", 1.0)) is None  # waits: a's confirmation in flight
+    assert confirm(Result(a, ok, "", 1.0)) == b  # a was flaky: b's turn
+    assert confirm(Result(b, wrong, "", 1.0)) is None and confirm.settled_by == "b"
+    assert confirm(Result(c, wrong, "", 1.0)) is None  # settled: c stays unconfirmed
+
+
+def test_a_buggy_check_leaves_the_other_failures_unconfirmed(tmp_path, device) -> None:
+    path = tmp_path / "check.json"
+    argv = ("check", "moe_align_grid", "--variant", "buggy", "--scenario", "last_slot_rows")
+    argv += ("--scenario", "disabled_adapter", "--device", device, "--json", str(path))
+    done = entry_point(*argv)
+    assert done.returncode == 1, done.stdout
+    rows = json.loads(path.read_text())["results"]
+    confirmed = [r for r in rows if r["confirmation"]]
+    assert len(rows) == 2 and all(r["outcome"] != "pass" for r in rows), rows
+    assert len(confirmed) == 1 and confirmed[0]["confirmation"] == confirmed[0]["outcome"]
+    assert "not confirmed: " in done.stdout and "settled the verdict" in done.stdout
