@@ -211,13 +211,14 @@ def _gate_nan_probe(device: str, fixes: frozenset[Fix]) -> Problems:
     rows): every row gets top_k distinct experts in range, as the expert sort assumes."""
     import torch
 
+    from harness.runner.model import gate_clamps
     from kernels.topk_gate import topk_gate
 
     logits = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).to(device)
     logits[2:] = float("nan")
     ids = torch.empty(4, 2, dtype=torch.int32, device=device)
     weights = torch.empty(4, 2, dtype=torch.float32, device=device)
-    topk_gate(logits, ids, weights, clamp_nonfinite=Fix.MOE_GATE_NAN_CLAMP in fixes)
+    topk_gate(logits, ids, weights, clamp_nonfinite=gate_clamps(fixes))
     rows = ids.cpu().tolist()
     bad = [
         r
@@ -236,6 +237,7 @@ def _finalize_padding_probe(device: str, fixes: frozenset[Fix]) -> Problems:
     import torch
 
     from harness.oracle import close
+    from harness.runner.model import finalize_skips
     from kernels.moe_permute import moe_finalize, moe_permute_experts, moe_permute_reference
     from kernels.topk_gate import topk_gate
 
@@ -250,8 +252,7 @@ def _finalize_padding_probe(device: str, fixes: frozenset[Fix]) -> Problems:
     rows = torch.full((8,), torch.iinfo(torch.int32).max, dtype=torch.int32, device=device)
     moe_permute_experts(h.to(device), experts.to(device), ids, permuted, rows)
     out = torch.full((4, 16), UNWRITTEN, device=device)
-    skip = Fix.MOE_PAD_SENTINEL_GUARD in fixes
-    moe_finalize(permuted, rows, ids, weights, out, 8, skip_invalid=skip)
+    moe_finalize(permuted, rows, ids, weights, out, 8, skip_invalid=finalize_skips(fixes))
     want = moe_permute_reference(h, experts, ids.cpu(), weights.cpu())
     return [close("the tokens' MoE outputs (padding rows 0)", out, want)]
 

@@ -58,6 +58,17 @@ def model_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def gate_clamps(fixes: Variant) -> bool:
+    """The top-k gate's switch (clamp_nonfinite), the one translation of its fix part: the
+    runner's launch and the kernel-level scenarios and probes all read it."""
+    return Fix.MOE_GATE_NAN_CLAMP in fixes  # fix: moe_gate_nan_clamp
+
+
+def finalize_skips(fixes: Variant) -> bool:
+    """The MoE finalize's switch (skip_invalid), the one translation of its fix part."""
+    return Fix.MOE_PAD_SENTINEL_GUARD in fixes  # fix: moe_pad_sentinel_guard
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     vocab_size: int = 64
@@ -274,7 +285,7 @@ class TinyLoRADecoder:
         topk_weights = torch.empty(n, c.top_k, device=self.device)
         # padding rows: from the live step's real token count (a graph replay reads it)
         padding = batch.query_start_loc[-1:] if c.skip_padding else None
-        clamp = Fix.MOE_GATE_NAN_CLAMP in self.fixes  # fix: moe_gate_nan_clamp
+        clamp = gate_clamps(self.fixes)  # fix: moe_gate_nan_clamp
         launch(topk_gate, logits, topk_ids, topk_weights, padding, clamp_nonfinite=clamp)
         # NOTE: upstream's workspace is empty memory; poisoned here on purpose (int32 max: a
         # row far past any buffer), so an entry the sort never writes reads the same each run
@@ -282,7 +293,7 @@ class TinyLoRADecoder:
         permuted = torch.empty(n * c.top_k, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(moe_permute_experts, h, self.experts, topk_ids, permuted, rows)
         y = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
-        skip = Fix.MOE_PAD_SENTINEL_GUARD in self.fixes  # fix: moe_pad_sentinel_guard
+        skip = finalize_skips(self.fixes)  # fix: moe_pad_sentinel_guard
         args = (permuted, rows, topk_ids, topk_weights, y, c.num_experts)
         launch(moe_finalize, *args, skip_invalid=skip)
         return y

@@ -79,8 +79,8 @@ MUTANTS = (
         PART,
         "partial",
         MODEL,
-        "clamp = Fix.MOE_GATE_NAN_CLAMP in self.fixes",
-        "clamp = Fix.MOE_GATE_NAN_CLAMP in self.fixes and not launch.capturing",
+        "clamp = gate_clamps(self.fixes)",
+        "clamp = gate_clamps(self.fixes) and not launch.capturing",
         "the clamp reaches eager launches only; the graph's top-k, whose replays have padding "
         "rows, was captured without it",
     ),

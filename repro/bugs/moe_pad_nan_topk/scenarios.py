@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from harness.fixes import Fix
 from harness.oracle import close, expect_all, mismatch, step_problems
 from harness.record import Context
 from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model import POISON_ROW, ModelConfig
+from harness.runner.model import POISON_ROW, ModelConfig, gate_clamps
 from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig
 from kernels.moe_permute import moe_finalize, moe_permute_experts, moe_permute_reference
 from kernels.topk_gate import topk_gate
@@ -139,7 +138,7 @@ def nan_padding_rows(ctx: Context) -> str:
     row and the finalize gathers through the entry's poison: an illegal address (GPU), SIGSEGV
     (interpreter).
     """
-    clamp = Fix.MOE_GATE_NAN_CLAMP in ctx.fixes  # launched as the runner launches it
+    clamp = gate_clamps(ctx.fixes)  # the runner's own switch
     nan = torch.full((NUM_TOKENS - len(REAL_LOGITS), 8), float("nan"))
     logits = torch.cat([torch.tensor(REAL_LOGITS), nan])
     ids, routing, out, reference = gate_and_experts(ctx, logits, None, clamp)

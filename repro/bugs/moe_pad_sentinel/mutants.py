@@ -9,7 +9,7 @@ from harness.record import Mutant
 PART = Fix.MOE_PAD_SENTINEL_GUARD
 KERNEL, MODEL = "kernels/moe_permute.py", "harness/runner/model.py"
 VALID = "valid = (expert >= 0) & (expert < num_experts)"
-SKIP = "skip = Fix.MOE_PAD_SENTINEL_GUARD in self.fixes"
+SKIP = "skip = finalize_skips(self.fixes)"
 
 MUTANTS = (
     Mutant(

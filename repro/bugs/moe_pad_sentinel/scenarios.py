@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from harness.fixes import Fix
 from harness.oracle import close, expect_all, mismatch
 from harness.record import Context
 from harness.runner.cudagraph import CUDAGraphMode
+from harness.runner.model import finalize_skips
 from repro.bugs.moe_pad_nan_topk.scenarios import (
     NUM_TOKENS,
     REAL_LOGITS,
@@ -58,7 +58,7 @@ def sentinel_rows(ctx: Context) -> str:
     """
     logits = torch.cat([torch.tensor(REAL_LOGITS), torch.ones(NUM_TOKENS - 3, 8)])
     ids, _, out, reference = gate_and_experts(
-        ctx, logits, 3, True, skip_invalid=Fix.MOE_PAD_SENTINEL_GUARD in ctx.fixes
+        ctx, logits, 3, True, skip_invalid=finalize_skips(ctx.fixes)
     )
     problems = [
         mismatch("padding rows' ids", ids[3:], torch.full((2, TOP_K), -1, dtype=torch.int32)),
