@@ -49,6 +49,7 @@ GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
 # wake_up() / wake_up([weights]) then wake_up([kv_cache]) / the KV cache first, then weights
 WAKES = ("all at once", "staged", "staged, kv_cache first")
 ADAPTER_STATES = ("enabled", "disabled", "absent", "evicted")  # disabled: no expert weights
+FUZZ_REASONS = ("kernel level: ", "not drawn yet: ")  # BugRecord.fuzz's kinds
 # the kinds of runner state a scenario walks: a request, a step or a config that makes it so
 STATES = (
     # sleep and wake
@@ -217,6 +218,10 @@ class BugRecord:
     # switches that travel as names (constexprs, launcher keywords): `repro checkout` folds them
     folds: tuple[Fold, ...] = ()
     fidelity: Fidelity | None = None  # how true to upstream it is (every registered record has one)
+    # the fuzzer (repro fuzz drives the runner): "" when it finds the bug (one of .ci/fuzz-targets'
+    # BUGS); else why not, FUZZ_REASONS' kind first: "kernel level: ..." (no runner path reaches
+    # the fault) or "not drawn yet: ..." (a runner path does; the programs lack its operation)
+    fuzz: str = ""
 
     @property
     def buggy_variant(self) -> Variant:

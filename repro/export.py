@@ -49,6 +49,7 @@ FIELDS = (
     "added",
     "status",
     "fidelity",
+    "fuzz",
 )
 UNDER_TEST = ("kernels/", "csrc/", "harness/runner/")  # the code under test: where fixes live
 TRACE_TIMEOUT_S = 600.0
@@ -268,6 +269,7 @@ def row(bug: BugRecord) -> dict[str, str]:
         "added": _added(bug),
         "status": "active",
         "fidelity": bug.fidelity.grade if bug.fidelity else "",
+        "fuzz": "target" if not bug.fuzz else bug.fuzz.split(":")[0],
     }
 
 

@@ -91,6 +91,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {part.value}" + (f"\n    upstream: {anchors[part]}" if part in anchors else ""))
     if bug.history:
         print(f"history:    {bug.history}")
+    print(f"fuzzer:     {bug.fuzz or 'finds it (.ci/fuzz-targets)'}")
     docs = bug.docs()
     for s in bug.scenarios:
         print(f"\nscenario {s.name}  (repro run {bug.id} --scenario {s.name})")

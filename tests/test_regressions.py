@@ -7,6 +7,9 @@ Each case carries its bug's marker: `pytest -m moe_align_grid` selects exactly t
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from harness.fixes import ALL_FIXES, describe
@@ -223,3 +226,28 @@ def test_axes_refuse_unknown_values() -> None:
         Axes(sleep_levels=(3,))
     with pytest.raises(ValueError, match="states"):
         Axes(states=("padded by luck",))
+
+
+def _fuzz_targets() -> set[str]:
+    """The bugs `.ci/fuzz-targets` times (its BUGS default)."""
+    text = (Path(__file__).parents[1] / ".ci" / "fuzz-targets").read_text()
+    listed = re.search(r"\$\{BUGS:-([^}]*)\}", text, re.S)
+    assert listed, "no BUGS default in .ci/fuzz-targets"
+    return set(listed.group(1).replace("\\\n", " ").split())
+
+
+def test_every_bug_is_a_fuzz_target_or_its_record_says_why_not() -> None:
+    """The definition of done's fuzz clause (docs/adding-a-bug.md, item 11): a bug the fuzzer
+    finds is one of .ci/fuzz-targets' BUGS; any other says why in its record (`fuzz`), of a
+    kind of FUZZ_REASONS, with the reason after it."""
+    from harness.record import FUZZ_REASONS
+
+    targets = _fuzz_targets()
+    assert targets <= {bug.id for bug in BUGS}, targets - {bug.id for bug in BUGS}
+    for bug in BUGS:
+        if bug.id in targets:
+            assert not bug.fuzz, f"{bug.id}: a fuzz target whose record says it is not"
+            continue
+        kind = next((k for k in FUZZ_REASONS if bug.fuzz.startswith(k)), None)
+        assert kind, f"{bug.id}: not in .ci/fuzz-targets and its record says nothing of why"
+        assert len(bug.fuzz) > len(kind) + 20, f"{bug.id}: a reason, not a word: {bug.fuzz!r}"

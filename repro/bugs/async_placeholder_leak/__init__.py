@@ -77,6 +77,11 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
+    fuzz=(
+        "not drawn yet: the async engine's scheduler (a request preempted, then resumed "
+        "with its placeholders); a program schedules each step's requests itself, "
+        "synchronously"
+    ),
     anchors=(
         (
             PART,

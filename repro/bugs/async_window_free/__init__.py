@@ -83,6 +83,11 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
+    fuzz=(
+        "not drawn yet: steps in flight of the async engine while a sliding window frees "
+        "blocks; programs draw windows (config window) but run one synchronous step at a "
+        "time"
+    ),
     anchors=(
         (
             PART,

@@ -71,6 +71,11 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
+    fuzz=(
+        "not drawn yet: the speculator's draft prefill (RunnerConfig draft_prefill) in "
+        "FULL prefill graphs is no program configuration (programs draw the draft "
+        "attention only)"
+    ),
     anchors=(
         (
             PART,
