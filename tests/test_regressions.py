@@ -113,11 +113,11 @@ REQUIRED_AXES = {
     "block_table_graph_wake": {**GRAPHS, **WAKE},
     "moe_align_grid": ADAPTERS,
     "moe_lora_consumer_grid": {**ADAPTERS, "graph_modes": {"FULL"}},
-    # no scenario replays graphs captured before a level-2 sleep (a hole: graph mode NONE)
+    # a graph captured before the sleep reads the buffers where they were: restored in place
     "level2_sleep_state": {
         **WAKE,
         "wakes": {"all at once", "staged", "staged, kv_cache first"},
-        "states": set(),
+        "states": {"graphs across a level-2 sleep"},
     },
     "partial_wake_forward": {
         **WAKE,
@@ -138,7 +138,7 @@ REQUIRED_AXES = {
     # padding rows and sentinels (issue 23): what pads a batch is a captured graph
     "pad_slot_negative_index": {
         "graph_modes": {"FULL", "PIECEWISE"},
-        "states": {"padded by tokens"},
+        "states": {"padded by tokens", "padded count below the largest"},
     },
     "spec_stale_pad_tail": {
         "graph_modes": {"FULL"},

@@ -47,7 +47,14 @@ RECORD = BugRecord(
         Scenario(
             "sleep_wake_normalizer",
             (Expect(frozenset({Fix.SLEEP_SAVED_BUFFERS}), WRONG),),
-            axes=Axes(graph_modes=("NONE",), sleep_levels=(1, 2), wakes=WAKES),
+            axes=Axes(
+                graph_modes=("FULL", "NONE"),  # eager once, after sleep(2) -> wake_up()
+                capture_sizes=(4,),
+                sleep_levels=(1, 2),
+                wakes=WAKES,
+                # the FULL graph is captured before the first sleep and replayed after each wake
+                states=("graphs across a level-2 sleep",),
+            ),
             signature="the normalizer buffer vs the config: \\d+/\\d+ differ",
         ),
     ),

@@ -65,6 +65,17 @@ MUTANTS = (
         "the fp8 KV scales, whose calibrated values it lost)",
     ),
     Mutant(
+        "restore_rebinds_the_buffer",
+        PART,
+        "unused_state",
+        WORKER,
+        "                buffers[name].copy_(saved)\n",
+        "                buffers[name].data = saved.to(buffers[name].device)\n",
+        "the wake gives each buffer new memory holding the saved values instead of writing them "
+        "in place: the model's tensor is right, but a graph captured before the sleep reads the "
+        "old address, the wake's bytes",
+    ),
+    Mutant(
         "save_at_level_1",
         PART,
         "boundary",

@@ -57,8 +57,10 @@ RECORD = BugRecord(
             (Expect(frozenset({PART}), WRONG),),
             axes=Axes(
                 graph_modes=("FULL", "PIECEWISE"),
-                capture_sizes=(4,),
-                states=("padded by tokens",),  # A's decode: 1 token in the graph of 4
+                capture_sizes=(2, 4),  # FULL: graphs of 4; PIECEWISE: of 2 and 4
+                # A's decode: 1 token in the graph of 4 (FULL), in the graph of 2 (PIECEWISE,
+                # under its largest, 4)
+                states=("padded by tokens", "padded count below the largest"),
             ),
             signature="extracted hidden states .* vs reference: \\d+/\\d+ differ",
         ),

@@ -17,18 +17,23 @@ POOL = 2  # group 0's blocks: the seeded free list hands out block 1, the pool's
 BLOCK = 4  # group 0's block size
 # 5 tokens: positions 0-3 fill block 1 (position 3 in the pool's last slot), 4 is in block 0
 PROMPT = (5, 9, 13, 2, 7)
-MODES = (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE)
+# each mode's captured sizes: A's decode (1 token) replays the smallest, in PIECEWISE a padded
+# count under the largest captured size
+MODES = ((CUDAGraphMode.FULL, (4,)), (CUDAGraphMode.PIECEWISE, (2, 4)))
 
 
-def extract_config(ctx: Context, mode: CUDAGraphMode) -> RunnerConfig:
-    """A runner with a cache-only layer on group 0's blocks, graphs of 4 tokens (4 requests)."""
+def extract_config(
+    ctx: Context, mode: CUDAGraphMode, sizes: tuple[int, ...] = (4,)
+) -> RunnerConfig:
+    """A runner with a cache-only layer on group 0's blocks, graphs of `sizes` tokens (up to 4
+    requests)."""
     return RunnerConfig(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,
         enable_lora=False,
         cudagraph_mode=mode,
-        cudagraph_sizes=(4,),
+        cudagraph_sizes=sizes,
         block_sizes=(BLOCK, 16),
         num_kv_blocks=POOL,
         max_num_reqs=4,
@@ -39,8 +44,8 @@ def extract_config(ctx: Context, mode: CUDAGraphMode) -> RunnerConfig:
 
 
 def serve_and_extract(runner: ModelRunner, label: str) -> list[str | None]:
-    """Request A's prefill (5 tokens: over the graph size, eager), then one decode step (a
-    graph of 4: 3 padding tokens of slot -1); then A's hidden states read back from the
+    """Request A's prefill (5 tokens: over the graph sizes, eager), then one decode step (the
+    smallest graph: its padding tokens have slot -1); then A's hidden states read back from the
     cache-only layer's cache by its slots (the connector's read) vs the float64 reference of
     every position, and the decode step's logits vs the recomputed reference."""
     seq = list(PROMPT)
@@ -49,7 +54,9 @@ def serve_and_extract(runner: ModelRunner, label: str) -> list[str | None]:
     decode = runner.execute_model([Request("A", (seq[-1],), 0, len(PROMPT))])
     kv = runner.kv_cache
     held = kv.blocks[0][0]
-    assert decode.desc is not None and held[0] == POOL - 1, (
+    smallest = min(runner.config.cudagraph_sizes)
+    graph = decode.desc and decode.desc.num_tokens
+    assert graph == smallest and held[0] == POOL - 1, (
         f"trigger not reached: graph {decode.desc}, A's blocks {held} (the last is {POOL - 1})"
     )
     slots = [kv.slot(0, 0, p) for p in range(len(seq))]
@@ -71,9 +78,11 @@ def padded_decode_after_prefill(ctx: Context) -> str:
     a cache of its own on group 0's blocks (block size 4, a pool of 2 blocks) through group 0's
     slot mapping. Request A's 5-token prefill runs eagerly (no graph of 5): block 1, the
     pool's last, gets positions 0-3, so position 3 sits in the pool's last slot. A's decode
-    step replays the graph of 4 tokens: 3 padding tokens with slot -1. Then A's 6 hidden states
-    are read back by their slots and compared with the float64 reference; in FULL and
-    PIECEWISE mode (the write is captured in both).
+    step replays the smallest graph, its padding tokens with slot -1: in FULL mode (graphs of 4)
+    the graph of 4 (3 padding tokens), in PIECEWISE mode (graphs of 2 and 4) the graph of 2 (1
+    padding token; padded to a size under the largest captured). Then A's 6 hidden states are
+    read back by their slots and compared with the float64 reference (the write is captured in
+    both modes).
 
     Fixed: the write skips slot -1 (the cache-write kernel): every state as the reference.
     Buggy: torch indexing writes the padding rows at block -1, offset 3: position 3's state is
@@ -81,9 +90,10 @@ def padded_decode_after_prefill(ctx: Context) -> str:
     stay right: no attention reads this cache). Without graphs (NONE) nothing is padded.
     """
     problems = []
-    for mode in MODES:
-        runner = ModelRunner(extract_config(ctx, mode))
+    for mode, sizes in MODES:
+        runner = ModelRunner(extract_config(ctx, mode, sizes))
         runner.capture_model()
-        problems += serve_and_extract(runner, mode.value)
+        problems += serve_and_extract(runner, f"{mode.value}, graphs of {sizes}")
     expect_all(problems)
-    return f"{', '.join(m.value for m in MODES)}: A's extracted hidden states as the reference"
+    shown = "; ".join(f"{m.value} (graphs of {s})" for m, s in MODES)
+    return f"{shown}: A's extracted hidden states as the reference"
