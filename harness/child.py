@@ -1,9 +1,11 @@
 """A scenario child: run one scenario and write a JSON report as its last act.
 
 Forked by harness.forkserver, or spawned by harness.isolate (`main(request, started)` either
-way). The request: {"spec": {"target", "fixes", "device", "seed", ["payload"]}, "report": PATH,
-"log": PATH, "timeout_s": T}. The device switch happens before torch, Triton or any kernel
-module is imported here; the scenario's own modules are imported only when it runs.
+way). The request: {"spec": {"target", "fixes", "device", "seed", ["payload"], ["ranks"]},
+"report": PATH, "log": PATH, "timeout_s": T}; with "ranks": N > 1 this child coordinates N
+spawned rank processes (harness.ranks), each running this module's main with its rank. The
+device switch happens before torch, Triton or any kernel module is imported here; the
+scenario's own modules are imported only when it runs.
 
 The report's status: "pass", "wrong_result" (an oracle found a divergence), "skipped", or
 "exception" with the exception's origin: "code" (raised in the code under test: kernels/,
@@ -24,7 +26,7 @@ import traceback
 from pathlib import Path
 
 from harness import device as devices
-from harness import lifetime
+from harness import lifetime, ranks
 from harness.fixes import Fix
 from harness.outcome import Skip, WrongResult
 from harness.record import Context
@@ -83,12 +85,17 @@ def run(spec: dict, started: float, timings: dict[str, float]) -> dict:
             raise Skip(f"no CUDA device visible to the child (CUDA_VISIBLE_DEVICES={visible})")
         fn = _resolve(spec["target"])
         fixes = frozenset(Fix(n) for n in spec["fixes"])
+        if "rank" in spec:  # one rank of several (harness.ranks): the process group first
+            ranks.join(spec)
         ctx = Context(
             fixes,
             spec["device"],
             spec["seed"],
             spec.get("payload", ""),
             spec.get("dtype", "float32"),
+            spec.get("rank", 0),
+            spec.get("world_size", 1),
+            spec.get("trace", ""),
         )
         torch.manual_seed(ctx.seed)
         timings["startup_s"] = time.monotonic() - started
@@ -160,7 +167,10 @@ def main(request: dict, started: float) -> None:
     spec = request["spec"]
     devices.activate(spec["device"])
     timings: dict[str, float] = {}
-    report = run(spec, started, timings)
+    if spec.get("ranks", 1) > 1:  # this child coordinates the scenario's rank processes
+        report = ranks.coordinate(request, started, timings)
+    else:
+        report = run(spec, started, timings)
     if "startup_s" in timings:
         timings["scenario_s"] = time.monotonic() - started - timings["startup_s"]
     report["timings"] = timings
@@ -172,6 +182,14 @@ def main(request: dict, started: float) -> None:
     sys.stderr.flush()
     # NOTE: skip interpreter teardown: after a CUDA fault, context destruction can hang.
     os._exit(0)
+
+
+def spawned_rank(request_json: str) -> None:
+    """Entry point of a rank process (harness.ranks): dies with its coordinator."""
+    started = time.monotonic()
+    request = json.loads(request_json)
+    lifetime.die_with_parent(request["coordinator"])
+    main(request, started)
 
 
 def spawned(request_json: str) -> None:

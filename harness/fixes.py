@@ -84,6 +84,10 @@ class Fix(enum.Enum):
     # vLLM #47728 (async_window_free; issue #47282): blocks out of a sliding window are freed on
     # the processed token count (computed minus in flight), not the optimistic one
     ASYNC_WINDOW_FREE_PROCESSED = "async_window_free_processed"
+    # vLLM #28774 (dp_zero_token_skip; gate widened by #44601, open, for issue #43547): a DP
+    # rank with zero scheduled tokens runs a one-token dummy step, so it joins the step's
+    # all-reduce of token counts across DP ranks, before returning its empty output
+    DP_ZERO_TOKEN_DUMMY_RUN = "dp_zero_token_dummy_run"
 
 
 Variant = frozenset[Fix]

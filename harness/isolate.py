@@ -85,6 +85,7 @@ class Job:
     env: tuple[tuple[str, str], ...] = ()  # set in a freshly spawned child (detectors)
     payload: str = ""  # handed to the function as Context.payload (a fuzz program, as JSON)
     dtype: str = "float32"  # handed over as Context.dtype: the runner's dtype
+    ranks: int = 1  # > 1: the child coordinates so many rank processes (harness.ranks)
 
     @property
     def limit_s(self) -> float:
@@ -103,6 +104,8 @@ class Job:
             spec["payload"] = self.payload
         if self.dtype != "float32":
             spec["dtype"] = self.dtype
+        if self.ranks > 1:
+            spec["ranks"] = self.ranks
         return {
             "spec": spec,
             "report": str(directory / "report.json"),
@@ -354,8 +357,8 @@ class _Batch:
     def _pick_gpu(self, job: Job) -> str | None:
         """The least busy of the caller's GPUs for a cuda child (None: one GPU or none, the
         child keeps the caller's CUDA_VISIBLE_DEVICES)."""
-        if job.device != "cuda" or len(self.gpu_load) < 2:
-            return None
+        if job.device != "cuda" or len(self.gpu_load) < 2 or job.ranks > 1:
+            return None  # ranks see every GPU: one each where there are enough (NCCL)
         gpu = min(self.gpu_load, key=lambda g: (self.gpu_load[g], self.iso.gpus.index(g)))
         self.gpu_load[gpu] += 1
         return gpu

@@ -1,7 +1,9 @@
 """Outcome classes, and the classifier of a finished child (report, exit status, signal, stderr).
 
 A scenario child writes a JSON report as its last act: status "pass", "wrong_result" (an oracle
-found a divergence), "skipped", or "exception" (type, message, origin; see harness.child). A
+found a divergence), "skipped", "exception" (type, message, origin; see harness.child), or
+"ranks" (the coordinator of a scenario's ranks classified them already: outcome, detail; see
+harness.ranks). A
 child that dies first leaves no report; then the exit status, the signal and the stderr text
 decide. The verdict of `repro check` (git bisect run's exit codes) is computed here too.
 """
@@ -23,6 +25,9 @@ class Outcome(enum.Enum):
     CRASH = "crash"
     TIMEOUT = "timeout"
     SANITIZER_ERROR = "sanitizer_error"
+    # ranks that disagree on their collectives (harness.ranks): one waits in a collective
+    # another issued differently, or will never issue
+    COLLECTIVE_MISMATCH = "collective_mismatch"
     EXCEPTION = "exception"  # a Python exception raised by the code under test
     ERROR = "error"  # the harness or the scenario broke, or the project does not import
     SKIPPED = "skipped"  # cannot run here (no GPU, no compiler), or interrupted
@@ -141,9 +146,22 @@ _NOT_TESTABLE = {
 }
 
 
+# the coordinator of ranks writes each rank's stacks under this header (harness.ranks)
+_RANK_STACKS = re.compile(r"^=== rank (\d+) stacks ===$", re.MULTILINE)
+
+
 def _stacks(text: str, frames: int = 4) -> str:
     """The innermost frames of the last stack dump in `text` (faulthandler prints most recent
-    call first): where a hung child was; else the output's tail."""
+    call first): where a hung child was, each rank's where it ran ranks; else the output's
+    tail."""
+    sections = list(_RANK_STACKS.finditer(text))
+    if sections:
+        ends = [m.start() for m in sections[1:]] + [len(text)]
+        return "\n".join(
+            f"rank {m.group(1)}:\n  "
+            + _first_stack(text[m.end() : end], frames).replace("\n", "\n  ")
+            for m, end in zip(sections, ends, strict=True)
+        )
     at = text.rfind("(most recent call first):")
     if at < 0:
         return _tail(text)
@@ -151,8 +169,22 @@ def _stacks(text: str, frames: int = 4) -> str:
     return "\n".join(lines[:frames])
 
 
+def _first_stack(text: str, frames: int) -> str:
+    at = text.find("(most recent call first):")
+    if at < 0:
+        return "(no stack dumped)"
+    lines = [line.strip() for line in text[at:].splitlines()[1:] if line.strip()]
+    return "\n".join(lines[:frames])
+
+
 def _from_report(report: dict) -> Classified:
     status = report.get("status")
+    if status == "ranks":
+        try:
+            outcome = Outcome(report.get("outcome"))
+        except ValueError:
+            return Classified(Outcome.ERROR, f"ranks: unknown outcome {report.get('outcome')!r}")
+        return Classified(outcome, report.get("detail", ""))
     if status == "pass":
         return Classified(Outcome.PASS, report.get("detail", ""))
     if status == "wrong_result":

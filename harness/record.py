@@ -31,6 +31,13 @@ class Context:
     seed: int = 0
     payload: str = ""  # what the parent handed over besides (a fuzz program, as JSON)
     dtype: str = "float32"  # the runner's dtype (repro run/check/matrix --dtype)
+    # a scenario of ranks (Scenario.ranks > 1) runs once per rank, in a process of its own
+    # (harness.ranks), torch.distributed's process group joined: this rank, of so many, and
+    # the file its collectives are recorded in before they are issued (the runner's
+    # harness.runner.parallel.Collectives writes it)
+    rank: int = 0
+    world_size: int = 1
+    trace: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,9 @@ STATES = (
     "one draft",  # one draft token per request and step
     "several drafts",
     "rejections in a row",  # drafts rejected by successive steps, each launched on the last
+    # ranks (Scenario.ranks > 1)
+    "one DP rank idle, its peer busy",  # zero scheduled tokens on one rank, tokens on another
+    "every DP rank idle at once",  # zero scheduled tokens on every rank, requests unfinished
 )
 
 
@@ -147,6 +157,13 @@ class Scenario:
     # fault report does not name
     signature: str = ""
     cpu_signature: str = ""
+    # the processes it runs as (harness.ranks): 1, the scenario child itself; N > 1, N spawned
+    # rank processes over torch.distributed, the child their coordinator (one run, one outcome)
+    ranks: int = 1
+
+    def __post_init__(self) -> None:
+        if self.ranks < 1:
+            raise ValueError(f"scenario {self.name}: ranks must be at least 1, got {self.ranks}")
 
     def expected(self, fixes: Variant, device: str) -> Outcome:
         for rule in self.expects:

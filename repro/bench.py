@@ -224,7 +224,7 @@ def _per_bug_out(device, floor, table, rows, path, how) -> int:
 def _usual(device: str, bugs: list, repeat: int, write: bool) -> int:
     """Each scenario's usual seconds (see the module's docstring)."""
     jobs = [
-        Job(bug.id, s.name, bug.target(s), fixes, device, s.timeout_s, seed)
+        Job(bug.id, s.name, bug.target(s), fixes, device, s.timeout_s, seed, ranks=s.ranks)
         for bug in bugs
         for fixes in (ALL_FIXES, bug.buggy_variant)
         for s in bug.scenarios

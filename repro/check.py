@@ -43,8 +43,9 @@ CHECK_EPILOG = """\
 exit codes (git bisect run):
   0    every selected scenario ran and passed: the bug is absent
   1    a scenario ran and failed (wrong_result, device_assert, illegal_address, crash,
-       timeout, sanitizer_error, exception: a Python exception raised by the code under
-       test), and a second run showed the same class: the bug is present
+       timeout, sanitizer_error, collective_mismatch: ranks that disagree on their
+       collectives, exception: a Python exception raised by the code under test), and
+       a second run showed the same class: the bug is present
   125  cannot test: the project does not import (or exits while it imports), a build
        failed, the harness or a scenario broke (error), no device, bad environment,
        interrupted, the failure did not reproduce (flaky), or a timeout at a limit too tight
@@ -171,6 +172,7 @@ def plan(args: argparse.Namespace) -> Plan:
             0,
             args.sanitizer,
             dtype=args.dtype,
+            ranks=s.ranks,
         )
         for s in bug.scenarios
         if not args.scenario or s.name in args.scenario

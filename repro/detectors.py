@@ -68,7 +68,9 @@ class Detector:
         s = bug.scenario(scenario)
         env = self.env if self.oracle else ((ENV_ORACLE, "off"), *self.env)
         limit = capped(s.timeout_s, cap)
-        return Job(bug.id, s.name, bug.target(s), fixes, device, limit, 0, self.tool, env)
+        return Job(
+            bug.id, s.name, bug.target(s), fixes, device, limit, 0, self.tool, env, ranks=s.ranks
+        )
 
 
 DETECTORS: tuple[Detector, ...] = (

@@ -25,7 +25,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.markdown:
         print(markdown())
         return 0
-    rows = [("id", "upstream", "fix parts", "buggy (cpu)", "buggy (cuda)")]
+    rows = [("id", "upstream", "fix parts", "buggy (cpu)", "buggy (cuda)", "ranks")]
     for bug in registry.BUGS:
         rows.append(
             (
@@ -34,6 +34,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 ", ".join(f.value for f in bug.fix_parts),
                 bug.buggy_outcome.cpu.value,
                 bug.buggy_outcome.cuda.value,
+                str(max(s.ranks for s in bug.scenarios)),
             )
         )
     print_table(rows)
@@ -96,6 +97,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     for s in bug.scenarios:
         print(f"\nscenario {s.name}  (repro run {bug.id} --scenario {s.name})")
         print("  " + docs[s.name].replace("\n", "\n  "))
+        if s.ranks > 1:
+            print(f"  ranks: {s.ranks} processes over torch.distributed (one run, one outcome)")
         for line in s.axes.lines():
             print(f"  axis {line}")
         for rule in s.expects:

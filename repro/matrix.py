@@ -195,6 +195,7 @@ def _jobs(bug: BugRecord, fixes: Variant, device: str, repeat: int, cap: float |
             capped(s.timeout_s, cap),
             seed,
             dtype=dtype,
+            ranks=s.ranks,
         )
         for s in bug.scenarios
         for seed in range(repeat)

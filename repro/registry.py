@@ -13,6 +13,7 @@ from repro.bugs import (
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
+    dp_zero_token_skip,
     graph_output_alias,
     input_batch_swap_alias,
     kernel_block_size,
@@ -65,6 +66,8 @@ BUGS: tuple[BugRecord, ...] = (
     async_output_lifetime.RECORD,
     async_placeholder_leak.RECORD,
     async_window_free.RECORD,
+    # ranks that must agree (issue 43), in upstream fix order
+    dp_zero_token_skip.RECORD,
 )
 
 

@@ -106,3 +106,20 @@ def writes_a_sleeping_pool(ctx: Context) -> str:
     pools.sleep(offload_tags=("kv_cache",))
     kv.fill_(3.0)
     return f"wrote {float(kv[0])} into a sleeping pool"
+
+
+def rank_one_segfaults(ctx: Context) -> str:
+    """Two ranks: rank 1 dies of SIGSEGV while rank 0 waits for it in an all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        ctypes.string_at(0x10, 8)
+    dist.all_reduce(torch.zeros(1))
+    return "unreachable"
+
+
+def ranks_hang(ctx: Context) -> str:
+    """Every rank hangs in Python (no collective): the run's limit ends it."""
+    while True:
+        time.sleep(0.05)

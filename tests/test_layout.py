@@ -47,6 +47,7 @@ LIGHT = [
     "harness/servers.py",
     "harness/userdir.py",
     "harness/child.py",
+    "harness/ranks.py",
     "harness/forkserver.py",
     "harness/lifetime.py",
     "harness/device.py",

@@ -31,10 +31,11 @@ def _cases():
     for bug in BUGS:
         mark = getattr(pytest.mark, bug.id)
         for scenario in bug.scenarios:
+            marks = [mark, pytest.mark.distributed] if scenario.ranks > 1 else [mark]
             for fixes in _variants(bug, scenario):
                 name = describe(fixes, bug.fix_parts).replace(" ", "-")
                 yield pytest.param(
-                    bug, scenario, fixes, marks=mark, id=f"{bug.id}-{scenario.name}-{name}"
+                    bug, scenario, fixes, marks=marks, id=f"{bug.id}-{scenario.name}-{name}"
                 )
 
 
@@ -58,7 +59,15 @@ def isolator(device: str):
 def test_scenario_shows_expected_outcome(device, isolator, bug, scenario, fixes) -> None:
     expected = scenario.expected(fixes, device)
     result = isolator.run(
-        Job(bug.id, scenario.name, bug.target(scenario), fixes, device, scenario.timeout_s)
+        Job(
+            bug.id,
+            scenario.name,
+            bug.target(scenario),
+            fixes,
+            device,
+            scenario.timeout_s,
+            ranks=scenario.ranks,
+        )
     )
     assert result.outcome == expected, (
         f"{bug.id}/{scenario.name} [{describe(fixes, bug.fix_parts)}, {device}]: "
@@ -187,6 +196,11 @@ REQUIRED_AXES = {
     "async_window_free": {
         "graph_modes": {"NONE"},
         "states": {"one draft", "several drafts", "rejections in a row", "two steps in flight"},
+    },
+    # ranks that must agree (issue 43): either rank idle while the other serves, and both
+    "dp_zero_token_skip": {
+        "graph_modes": {"NONE"},
+        "states": {"one DP rank idle, its peer busy", "every DP rank idle at once"},
     },
 }
 

@@ -6,6 +6,8 @@ wake_up(tags) wakes the worker's tags and resumes scheduling. An idle rank of a 
 group runs a dummy batch on every iteration while the engines run (its peers serve, or a pause
 needs the ranks' consensus), to stay in step with its peers' collectives. The fix part of
 vLLM #44483 lives here: no resume, and no forward, dummy included, while a tag still sleeps.
+DataParallelEngine is one rank's loop among real ranks (harness.ranks): the ranks agree each
+iteration whether any has unfinished requests, then each runs its scheduled step.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from harness.fixes import Fix
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelOutput
+from harness.runner.model_runner import ModelOutput, ModelRunner
 from harness.runner.worker import Worker
 
 
@@ -73,3 +77,22 @@ class EngineCore:
         self.waiting = []
         self.worker.model_runner.kv_cache.reset()
         return EngineStep(requests, self.worker.execute_model(requests))
+
+
+class DataParallelEngine:
+    """The busy loop of one data-parallel rank around its runner (upstream: the DP engine
+    core's loop, or an external launcher's): each iteration the ranks first agree how many
+    requests are unfinished across them (an all-reduce of one count: the loop runs while any
+    has one), then the rank runs the step its scheduler made, however many tokens it holds
+    (zero: a request waits, e.g. under async scheduling or for its grammar), and ends it."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner, self.collectives = runner, runner.collectives
+
+    def step(self, requests: list[Request], unfinished: int) -> tuple[ModelOutput, int]:
+        """The step's output and the unfinished requests across the ranks."""
+        count = torch.tensor([unfinished], dtype=torch.int32, device=self.runner.device)
+        self.collectives.all_reduce(count, "dp")
+        out = self.runner.execute_model(requests, use_cudagraph=False)
+        self.collectives.end_step()
+        return out, int(count.item())

@@ -10,7 +10,10 @@ the speculator's draft prefill (speculator.py, vLLM #39773) hold theirs; the LoR
 manager's mapping memo (lora.py) holds vLLM #47725's, which the per-step activation of the
 batch's adapters (`_activate_adapters`) and an adapter added between steps exercise. Async
 scheduling's sampling (async_output.py, on streams.py's copy stream; `execute_model_async`)
-holds those of vLLM #25279 and #29623.
+holds those of vLLM #25279 and #29623. Under data parallelism (RunnerConfig.parallel, the
+collectives of parallel.py) every step, dummy runs included, first agrees with the other DP
+ranks on each rank's token count (upstream: coordinate_batch_across_dp); the fix part of vLLM
+#28774 keeps a rank with zero scheduled tokens in that agreement.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from harness.runner.lora import (
 )
 from harness.runner.mamba import update_conv_state
 from harness.runner.model import ModelConfig, TinyLoRADecoder, rms_norm
+from harness.runner.parallel import Collectives, ParallelConfig
 from harness.runner.sleep_mode import TaggedPools, make_pools
 from harness.runner.speculator import DraftPrefill
 from kernels.paged_attention import reshape_and_cache, zero_kv_blocks
@@ -99,6 +103,8 @@ class RunnerConfig:
     async_output: bool = False
     stream_delay: bool = False
     sliding_window: int = 0  # attention over the last tokens only (the paged kernel's window)
+    # this rank's place among ranks (parallel.py; frozen, so one default instance is safe)
+    parallel: ParallelConfig = ParallelConfig()  # noqa: RUF009
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +120,21 @@ class ModelOutput:
 
 
 class ModelRunner:
-    def __init__(self, config: RunnerConfig, pools: TaggedPools | None = None) -> None:
-        """Weights and the KV cache live in tagged sleep pools (a Worker's, or its own)."""
+    def __init__(
+        self,
+        config: RunnerConfig,
+        pools: TaggedPools | None = None,
+        collectives: Collectives | None = None,
+    ) -> None:
+        """Weights and the KV cache live in tagged sleep pools (a Worker's, or its own); a
+        rank among several issues its collectives through `collectives`."""
         c, m = config, config.model
         self.config, self.device, self.fixes = config, config.device, config.fixes
+        if collectives is None and c.parallel.world_size > 1:
+            raise ValueError("a runner of several ranks needs its Collectives")
+        self.collectives = collectives or Collectives(c.parallel, self.device)
+        # each DP rank's token count of the last step, as the ranks agreed (upstream: DPMetadata)
+        self.num_tokens_across_dp: list[int] | None = None
         self.pools = pools or make_pools(self.device)
         self.launch = Launcher()
         self.input_buffers = InputBuffers(c.max_num_tokens, c.max_num_reqs, self.device)
@@ -268,13 +285,24 @@ class ModelRunner:
         """A real step (graph replay when one fits), or a dummy run (eager, no KV writes);
         `prev_sampled` fills a scheduler's placeholders on the device (async_inputs.py)."""
         if dummy_run:
+            self._coordinate_dp(num_tokens)  # a dummy run joins the ranks' agreement too
             batch = self.input_buffers.dummy(num_tokens, num_reqs)
             self._set_dummy_lora_state(num_tokens, num_reqs)
             return self._eager(batch, self.kv_cache.metadata(batch))
+        if not requests:  # zero scheduled tokens: an empty step
+            if (
+                Fix.DP_ZERO_TOKEN_DUMMY_RUN in self.fixes
+                and self.config.parallel.data_parallel_size > 1
+            ):
+                # fix: dp_zero_token_dummy_run -- an idle DP rank still joins the step's
+                # token-count agreement, by a one-token dummy run, before its empty step
+                self.execute_model(dummy_run=True, num_tokens=1, num_reqs=1)
+            return self._empty_output()
         restricted = self.sampling.add_requests(requests)
         if self.config.reorder_batch:
             requests = self._reorder_batch(requests)
         n, r = sum(len(q.token_ids) for q in requests), len(requests)
+        self._coordinate_dp(n)
         uniform = all(len(q.token_ids) == 1 for q in requests)
         desc = None
         if use_cudagraph and self.config.cudagraph_mode != CUDAGraphMode.NONE:
@@ -301,6 +329,26 @@ class ModelRunner:
         logits = self.sampling.apply(out.logits) if restricted else out.logits
         out = replace(out, logits=logits, req_ids=tuple(q.req_id for q in requests))
         return self._read_prompt_logprobs(out)
+
+    def _coordinate_dp(self, num_tokens: int) -> None:
+        """Agree with the other DP ranks on each one's token count (an all-reduce of one
+        count per DP rank; upstream: coordinate_batch_across_dp, whose result pads the ranks'
+        batches alike). Every DP rank must join it on every step."""
+        p = self.config.parallel
+        if p.data_parallel_size == 1:
+            self.num_tokens_across_dp = None
+            return
+        counts = torch.zeros(p.data_parallel_size, dtype=torch.int32, device=self.device)
+        counts[p.dp_rank] = num_tokens
+        self.collectives.all_reduce(counts, "dp")
+        self.num_tokens_across_dp = counts.tolist()
+
+    def _empty_output(self) -> ModelOutput:
+        """What a step of no tokens returns (upstream: EMPTY_MODEL_RUNNER_OUTPUT)."""
+        m, dtype = self.config.model, self.model.dtype
+        hidden = torch.empty(0, m.hidden_size, dtype=dtype, device=self.device)
+        logits = torch.empty(0, m.vocab_size, dtype=dtype, device=self.device)
+        return ModelOutput(hidden, logits)
 
     def execute_model_async(self, requests: list[Request]) -> AsyncOutput:
         """Async scheduling's step: returns before the device has sampled it."""

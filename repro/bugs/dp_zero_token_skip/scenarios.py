@@ -1,0 +1,95 @@
+"""Scenarios of dp_zero_token_skip (vLLM #28774): each function's docstring is its bug report.
+
+The record (fix parts, expected outcomes) is in the package; see its docstring.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.oracle import close, expect_all
+from harness.record import Context
+from harness.reference import step_reference
+from harness.runner.cudagraph import CUDAGraphMode
+from harness.runner.engine import DataParallelEngine
+from harness.runner.input_batch import Request
+from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.parallel import Collectives, ParallelConfig
+
+PROMPTS = ((1, 2, 3), (4, 5))  # rank r's one request
+# per step, whether each rank's scheduler gives its request tokens (a rank without: its
+# request waits, unfinished: async scheduling's zero-token step, or a grammar compiling)
+PLAN = (
+    ("both", (True, True)),
+    ("rank 0 only", (True, False)),
+    ("rank 1 only", (False, True)),
+    ("both", (True, True)),
+    ("neither", (False, False)),  # every rank idle at once (#29433's case)
+    ("both", (True, True)),
+)
+DUMMY_TOKENS = 1  # an idle rank's dummy step (upstream: _dummy_run(1))
+
+
+def zero_token_rank_steps(ctx: Context) -> str:
+    """Two data-parallel ranks, one request each, walk six steps: both ranks with tokens,
+    rank 0 with tokens and rank 1 with none (its request waits), the reverse, both, neither
+    (every rank idle at once), both. Each step the ranks first agree on the unfinished
+    requests across them (an all-reduce of one count), then each runs its step, whose start
+    agrees with the other rank on each rank's token count (an all-reduce of one count per
+    rank; upstream: coordinate_batch_across_dp). Each rank checks its logits against the
+    float64 reference and the agreed counts against the plan (an idle rank counts its dummy
+    step's one token).
+
+    Fixed: a rank with zero tokens runs a one-token dummy step first, so it joins the count
+    agreement; the traces of both ranks agree. Buggy: the idle rank returns its empty output
+    before the agreement, ends its step and enters the next step's unfinished-count
+    all-reduce (4 bytes) while its peer waits in the token-count all-reduce (8 bytes): the
+    ranks' collectives disagree (upstream: gloo's "EnforceNotMet ... 8 vs 4", or a hang), the
+    coordinator's trace comparison names it: collective_mismatch at step 1.
+    """
+    if ctx.world_size != 2:
+        raise RuntimeError(f"runs as 2 ranks (Scenario.ranks), got world size {ctx.world_size}")
+    parallel = ParallelConfig(world_size=2, rank=ctx.rank, data_parallel_size=2)
+    config = RunnerConfig(
+        ctx.device,
+        ctx.fixes,
+        dtype=ctx.dtype,
+        cudagraph_mode=CUDAGraphMode.NONE,
+        enable_lora=False,
+        max_model_len=16,
+        parallel=parallel,
+    )
+    collectives = Collectives(parallel, ctx.device, ctx.trace)
+    runner = ModelRunner(config, collectives=collectives)
+    engine = DataParallelEngine(runner)
+    seq, computed, problems = list(PROMPTS[ctx.rank]), 0, []
+    started = [False] * len(PROMPTS)  # each rank's request past its prefill (the plan says)
+    runner.kv_cache.free(0)
+    for step, (label, busy) in enumerate(PLAN):
+        # each rank's count: its prompt, then one token a step; idle: its dummy step's
+        counts = [
+            (1 if started[j] else len(PROMPTS[j])) if b else DUMMY_TOKENS
+            for j, b in enumerate(busy)
+        ]
+        started = [s or b for s, b in zip(started, busy, strict=True)]
+        mine = []
+        if busy[ctx.rank]:
+            mine = [Request(f"req{ctx.rank}", tuple(seq[computed:]), 0, computed)]
+        out, unfinished = engine.step(mine, unfinished=1)
+        where = f"step {step} ({label}), rank {ctx.rank}"
+        if unfinished != 2:
+            problems.append(f"{where}: {unfinished} unfinished requests across ranks, not 2")
+        if not mine:
+            continue
+        if runner.num_tokens_across_dp != counts:
+            problems.append(
+                f"{where}: token counts across DP {runner.num_tokens_across_dp}, not {counts}"
+            )
+        reference = step_reference(runner, mine)[1]
+        problems.append(close(f"{where}: logits vs reference", out.logits, reference))
+        if ctx.device == "cuda":
+            torch.cuda.synchronize()
+        computed = len(seq)
+        seq.append(int(out.logits[0].argmax()))
+    expect_all(problems)
+    return f"{len(PLAN)} steps, {len(seq) - len(PROMPTS[ctx.rank])} tokens, as reference"

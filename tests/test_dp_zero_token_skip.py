@@ -1,0 +1,57 @@
+"""dp_zero_token_skip (vLLM #28774): a DP rank with zero tokens must join the step's
+token-count all-reduce. The scenario runs as two rank processes (harness/ranks.py); the
+buggy runner's ranks disagree on their collectives, which the trace oracle names in seconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import procs
+
+pytestmark = [pytest.mark.dp_zero_token_skip, pytest.mark.distributed, pytest.mark.cpu_job]
+
+
+def run(variant: str) -> tuple[str, float]:
+    argv = ("run", "dp_zero_token_skip", "--variant", variant, "--device", "cpu")
+    start = time.monotonic()
+    done = subprocess.run(procs.repro_command(*argv), capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - start
+    print(f"repro run dp_zero_token_skip --variant {variant}: {seconds:.1f}s", file=sys.stderr)
+    return done.stdout + done.stderr, seconds
+
+
+def test_buggy_ranks_disagree_on_their_collectives() -> None:
+    out, _ = run("buggy")
+    assert "zero_token_rank_steps: collective_mismatch (as expected" in out, out
+    assert "step 1: rank 0 all_reduce(dp, (2,), int32) vs rank 1 nothing" in out, out
+    assert "torch imported: False" in out, out
+
+
+def test_fixed_ranks_pass_over_gloo() -> None:
+    out, _ = run("fixed")
+    assert "zero_token_rank_steps: pass (as expected" in out, out
+    assert "2 ranks, torch.distributed gloo on cpu" in out, out
+
+
+def _ranks_of(tag: str) -> list[int]:
+    return [p for p in procs.tagged(tag) if "spawned_rank" in procs.cmdline(p)]
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_run_of_ranks_killed_from_outside_leaves_no_rank(how) -> None:
+    tag = procs.new_tag()
+    env = {**os.environ, procs.TAG: tag}
+    argv = ("run", "dp_zero_token_skip", "--variant", "fixed", "--device", "cpu")
+    proc = subprocess.Popen(procs.repro_command(*argv), env=env, stdout=subprocess.PIPE, text=True)
+    ranks = procs.wait_until(lambda: len(_ranks_of(tag)) == 2 and _ranks_of(tag), 90)
+    assert ranks, "no rank process appeared"
+    time.sleep(0.5)  # the ranks are importing or joining their group
+    proc.send_signal(getattr(signal, how))
+    proc.communicate(timeout=60)
+    assert procs.survivors(tag) == [], f"left alive after {how}"
