@@ -1,10 +1,12 @@
-"""A scenario of N ranks: N spawned rank processes over torch.distributed, one run, one outcome.
+"""A scenario of N ranks: N rank processes over torch.distributed, one run, one outcome.
 
 The scenario child (harness.child, forked by the fork server, or spawned) becomes the
-coordinator of its ranks (`coordinate`): it spawns each rank as a fresh interpreter (never a
-fork: CUDA forbids fork after init) that imports the project from the request's tree, joins
-the process group (`join`) and runs the scenario function with its rank in the Context, then
-writes its own report (harness.child.main). The ranks stay in the coordinator's process group
+coordinator of its ranks (`coordinate`). Where it is a warm child (torch imported) with no
+CUDA context, which is what the fork server makes, each rank is a fork of it (`_may_fork`:
+a context does not survive a fork, and none exists yet: each rank makes its own); else (a
+spawned child, a sanitizer run) a fresh interpreter that imports the project from the
+request's tree. Each rank joins the process group (`join`) and runs the scenario function with
+its rank in the Context, then writes its own report (harness.child.main). The ranks stay in the coordinator's process group
 (the run's, which the isolator kills as a whole on timeout, Ctrl-C and a dead server) and each
 dies with the coordinator (parent-death signal); the coordinator kills them itself on every
 path it decides (SIGKILL, then reaped).
@@ -50,6 +52,7 @@ RANK_BOOT = (
     "import sys; sys.path[:] = [sys.argv[1], *(p for p in sys.path if p)]; "
     "from harness.child import spawned_rank; spawned_rank(sys.argv[2])"
 )
+SOCKET_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 POLL_S = 0.02  # how often the coordinator reads the ranks' traces and exits
 PG_TIMEOUT_GRACE_S = 30.0  # the process group's timeout is past the run's own limit
 DUMP_WAIT_S = 0.3  # after forwarding SIGUSR1, time for the ranks to write their stacks
@@ -192,10 +195,68 @@ def join(spec: dict) -> str:
     return backend
 
 
+class _Forked:
+    """A rank forked from the coordinator, with the part of subprocess.Popen's face the
+    coordinator uses (poll, wait, kill, pid, returncode)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(POLL_S)
+        return self.returncode
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+
+
+def _may_fork(spec: dict) -> bool:
+    """A rank may be a fork of this coordinator (about 0.1 s, against an interpreter that
+    imports torch: seconds) where the coordinator is a warm child that has torch imported and
+    no CUDA context (a context does not survive a fork), and no tool wraps the run."""
+    torch = sys.modules.get("torch")
+    if torch is None or spec.get("sanitizer") or os.environ.get("REPRO_ISOLATION") == "spawn":
+        return False
+    return spec["device"] == "cpu" or not torch.cuda.is_initialized()
+
+
+def _fork(rank_request: dict, log: Path, env: dict[str, str]) -> _Forked:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return _Forked(pid)
+    try:  # the rank: its output to its log, the coordinator's handlers undone, then main
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.environ.update(env)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        from harness.child import spawned_rank
+
+        spawned_rank(json.dumps(rank_request))
+    finally:
+        os._exit(70)  # main never returns; an exception before it: the rank failed
+
+
 @dataclass(eq=False, slots=True)
 class _Rank:
     rank: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | _Forked
     log: Path
     report: Path
     trace: Path
@@ -223,9 +284,11 @@ def _spawn(request: dict, spec: dict, rank: int, n: int, directory: Path) -> _Ra
         "timeout_s": request["timeout_s"],
         "coordinator": os.getpid(),
     }
-    env = dict(os.environ)
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
-    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    loopback = {name: os.environ.get(name, "lo") for name in SOCKET_ENV}  # loopback only
+    if _may_fork(spec):
+        proc = _fork(rank_request, paths["log"], loopback)
+        return _Rank(rank, proc, paths["log"], paths["report"], paths["trace"])
+    env = {**os.environ, **loopback}
     coordinator = os.getpid()
     with open(paths["log"], "wb") as log:
         proc = subprocess.Popen(

@@ -40,7 +40,12 @@ def test_fixed_ranks_pass_over_gloo() -> None:
 
 
 def _ranks_of(tag: str) -> list[int]:
-    return [p for p in procs.tagged(tag) if "spawned_rank" in procs.cmdline(p)]
+    """The run's rank processes: children of a scenario child (the coordinator) of a fork
+    server, forked or spawned."""
+    tagged = procs.tagged(tag)
+    servers = {p for p in tagged if "harness.forkserver" in procs.cmdline(p)}
+    coordinators = {p for p in tagged if procs.parent_of(p) in servers}
+    return [p for p in tagged if procs.parent_of(p) in coordinators]
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
