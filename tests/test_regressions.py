@@ -171,7 +171,7 @@ REQUIRED_AXES = {
     "graph_output_alias": {
         "graph_modes": {"PIECEWISE", "FULL"},
         "steps_per_size": 2,
-        "states": {"prompt logprobs on"},
+        "states": {"prompt logprobs on", "prompt logprobs off"},
     },
     # async scheduling and copy streams (issue 25): host/device order, eager steps
     "async_pinned_race": {"graph_modes": {"NONE"}, "states": {"two steps in flight"}},
