@@ -165,7 +165,7 @@ REQUIRED_AXES = {
     "lora_slot_memo": {
         "graph_modes": {"NONE", "FULL"},
         "adapters": {"enabled", "evicted"},
-        "states": {"two adapters swap slots"},
+        "states": {"two adapters swap slots", "one adapter's slot changes"},
     },
     # a drafter's replay over the target's outputs: in both graph modes, prefill and decode
     "graph_output_alias": {
