@@ -177,13 +177,13 @@ REQUIRED_AXES = {
     "lora_slot_memo": {
         "graph_modes": {"NONE", "FULL"},
         "adapters": {"enabled", "evicted"},
-        "states": {"two adapters swap slots"},
+        "states": {"two adapters swap slots", "one adapter's slot changes"},
     },
     # a drafter's replay over the target's outputs: in both graph modes, prefill and decode
     "graph_output_alias": {
         "graph_modes": {"PIECEWISE", "FULL"},
         "steps_per_size": 2,
-        "states": {"prompt logprobs on"},
+        "states": {"prompt logprobs on", "prompt logprobs off"},
     },
     # async scheduling and copy streams (issue 25): host/device order, eager steps
     "async_pinned_race": {"graph_modes": {"NONE"}, "states": {"two steps in flight"}},

@@ -27,8 +27,15 @@ def _axes(mode: str) -> Axes:
         capture_sizes=(8,),
         steps_per_size=2,
         # the prefill: 8 tokens of 2 requests in the graph of 8 (4 requests); the decode: 2
-        # tokens in it; the drafter proposes one token a request
-        states=("padded by requests only", "padded by tokens", "prompt logprobs on", "one draft"),
+        # tokens in it; the drafter proposes one token a request; both replayed with prompt
+        # logprobs on, then on a second runner with them off
+        states=(
+            "padded by requests only",
+            "padded by tokens",
+            "prompt logprobs on",
+            "prompt logprobs off",
+            "one draft",
+        ),
     )
 
 

@@ -70,4 +70,14 @@ MUTANTS = (
         "only prefill steps (prompt logprobs' steps) copy: a replayed decode step's hidden "
         "states are the drafter's",
     ),
+    Mutant(
+        "copy_with_prompt_logprobs_only",
+        PART,
+        "partial",
+        RUNNER,
+        GUARD,
+        GUARD.replace(":\n", " and self.config.prompt_logprobs:\n"),
+        "only a runner reading prompt logprobs copies: with them off, the hidden states the "
+        "step returns are the drafter's",
+    ),
 )

@@ -20,9 +20,10 @@ from harness.record import Axes, BugRecord, Expect, Fidelity, Scenario
 WRONG = ByDevice.both(Outcome.WRONG_RESULT)
 PART = Fix.LORA_SLOT_LAYOUT_MEMO
 ADAPTERS = ("enabled", "evicted")
-# the hot add evicts 1; the next step's activation moves 1 to slot 1 and 2 to slot 0: (1, 2)
-# becomes (2, 1)
-STATES = ("two adapters swap slots",)
+# two slots: the hot add evicts 1; the next step's activation moves 1 to slot 1 and 2 to slot
+# 0: (1, 2) becomes (2, 1). Three slots (a second runner): 1 re-added (touched), 3 into the
+# free slot, 4 evicts 2; the next step reloads 2 over 3: (1, 2, -) becomes (1, 4, 2)
+STATES = ("two adapters swap slots", "one adapter's slot changes")
 
 # How true to upstream (DESIGN.md 15), graded by what was read (2026-11-27, search).
 FIDELITY = Fidelity(
@@ -102,7 +103,10 @@ RECORD = BugRecord(
         "request's adapter activated and touched in batch order, which rotates two slots into "
         "each other's), and the PR's diff line by line. Here an explicit remove_lora drops the "
         "memo (the runner did before this bug); upstream's remove_adapter does not, so a "
-        "remove then add under one mapping is a second upstream path not modelled. Relatives: "
+        "remove then add under one mapping is a second upstream path not modelled. A re-add of "
+        "a loaded adapter only touches it (LRUCacheWorkerLoRAManager.add_adapter, read in a "
+        "stored copy of vllm/lora/worker_manager.py): with a free slot, that touch and two hot "
+        "adds move one in-flight adapter while the other stays (the three-slot phase). Relatives: "
         "lora_dummy_run and lora_graph_capture (the same metadata, unset or not launched), "
         "sglang #8103 (an evicted adapter's buffers left stale)."
     ),

@@ -64,6 +64,18 @@ MUTANTS = (
         "step's metadata",
     ),
     Mutant(
+        "layout_kept_while_any_slot_is",
+        PART,
+        "partial",
+        LORA,
+        "unchanged = unchanged and slot_layout == self._last_slot_layout",
+        "unchanged = unchanged and any(\n"
+        "                a == b for a, b in zip(slot_layout, self._last_slot_layout or ())\n"
+        "            )",
+        "the layout counts as moved only when every slot changed: a swap refreshes, one "
+        "adapter moved while another stays does not",
+    ),
+    Mutant(
         "adapters_activated_after_the_mapping",
         PART,
         "ordering",
