@@ -81,6 +81,10 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
+    fuzz=(
+        "not drawn yet: ranks (a data-parallel world of two workers, each with its own "
+        "batch, a step with none); a program drives one worker"
+    ),
     anchors=(
         (
             PART,
