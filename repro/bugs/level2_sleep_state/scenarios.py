@@ -10,7 +10,7 @@ from harness.record import Context
 from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.model import ModelConfig
-from harness.runner.model_runner import RunnerConfig
+from harness.runner.model_runner import runner_config
 from harness.runner.worker import Worker
 
 PROMPTS = ([1, 2, 3], [7])
@@ -54,7 +54,7 @@ def sleep_wake_normalizer(ctx: Context) -> str:
     (wrong result, on the GPU as on the CPU; no fault: nothing indexes memory with it).
     """
     model = ModelConfig(embed_scale=SCALE)
-    config = RunnerConfig(
+    config = runner_config(
         ctx.device,
         ctx.fixes,
         model=model,

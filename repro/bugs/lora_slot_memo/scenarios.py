@@ -10,7 +10,7 @@ from harness.record import Context
 from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 
 # request a decodes on adapter 1, b on adapter 2; adapter 3 arrives out of band before ADD_AT
 PROMPTS = (("a", (3, 5, 7), 1), ("b", (11, 2), 2))
@@ -20,7 +20,7 @@ NEW_TOKENS, ADD_AT, HOT_ADAPTER = 4, 2, 3
 def _runner(ctx: Context, mode: CUDAGraphMode) -> ModelRunner:
     """Two slots, both taken (adapters 1 and 2); a FULL graph of 2 tokens (the decode steps'
     size) if asked: the prefill runs eagerly."""
-    config = RunnerConfig(
+    config = runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

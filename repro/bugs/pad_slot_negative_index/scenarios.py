@@ -11,7 +11,7 @@ from harness.record import Context
 from harness.reference import recomputed_logits, step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, RunnerConfig, runner_config
 
 POOL = 2  # group 0's blocks: the seeded free list hands out block 1, the pool's last, first
 BLOCK = 4  # group 0's block size
@@ -22,7 +22,7 @@ MODES = (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE)
 
 def extract_config(ctx: Context, mode: CUDAGraphMode) -> RunnerConfig:
     """A runner with a cache-only layer on group 0's blocks, graphs of 4 tokens (4 requests)."""
-    return RunnerConfig(
+    return runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,
