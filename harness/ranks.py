@@ -6,10 +6,10 @@ CUDA context, which is what the fork server makes, each rank is a fork of it (`_
 a context does not survive a fork, and none exists yet: each rank makes its own); else (a
 spawned child, a sanitizer run) a fresh interpreter that imports the project from the
 request's tree. Each rank joins the process group (`join`) and runs the scenario function with
-its rank in the Context, then writes its own report (harness.child.main). The ranks stay in the coordinator's process group
-(the run's, which the isolator kills as a whole on timeout, Ctrl-C and a dead server) and each
-dies with the coordinator (parent-death signal); the coordinator kills them itself on every
-path it decides (SIGKILL, then reaped).
+its rank in the Context, then writes its own report (harness.child.main). The ranks stay in the
+coordinator's process group (the run's, which the isolator kills as a whole on timeout, Ctrl-C
+and a dead server) and each dies with the coordinator (parent-death signal); the coordinator
+kills them itself on every path it decides (SIGKILL, then reaped).
 
 Rendezvous: a FileStore in the run's private directory (no port; parallel runs never meet),
 gloo's and NCCL's sockets on the loopback interface. Backend: gloo on the CPU; on a GPU,

@@ -66,7 +66,7 @@ STATES = (
     "running request grows into a new block",  # a decode step crosses into a block it is given
     "freed block reused by a running request",  # a running request is given a block another freed
     "freed block reused by a new request",  # a new request is given a block another freed
-    "hybrid groups",  # a state group in group 0's blocks (RunnerConfig.hybrid)
+    "hybrid groups",  # a state group in group 0's blocks (RunnerConfig.cache.hybrid)
     "a later KV group split",  # a group after group 0 in kernel blocks under the manager's
     # padding of a graph replay
     "padded by tokens",  # padding tokens (and so padding rows) behind the live ones

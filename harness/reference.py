@@ -23,7 +23,7 @@ def _d(t: torch.Tensor) -> torch.Tensor:
 def slots_of(runner: ModelRunner, requests: list[Request]) -> list[int]:
     """The LoRA slot of each request (-1: base model, or LoRA disabled)."""
     adapters = runner.lora_manager._adapter_manager.lora_index_to_id
-    lora = runner.config.enable_lora
+    lora = runner.config.lora.enable_lora
     return [adapters.index(q.lora_id) if lora and q.lora_id else -1 for q in requests]
 
 
@@ -99,7 +99,7 @@ def _attention(runner: ModelRunner, i: int, h: torch.Tensor, requests: list[Requ
         keys = torch.cat([k_cache[cached], k[start : start + m]])
         values = torch.cat([v_cache[cached], v[start : start + m]])
         for j in range(m):
-            window = runner.config.sliding_window or past + j + 1  # 0: no window
+            window = runner.config.cache.sliding_window or past + j + 1  # 0: no window
             live = slice(max(0, past + j + 1 - window), past + j + 1)
             scores = torch.einsum("hd,phd->hp", q[start + j], keys[live]) * dim**-0.5
             out[start + j] = torch.einsum("hp,phd->hd", scores.softmax(-1), values[live])

@@ -31,6 +31,7 @@ from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request, dummy_lengths
 from harness.runner.model import ModelConfig
 from harness.runner.model_runner import ModelOutput, RunnerConfig
+from harness.runner.model_runner import runner_config as flat_config
 from harness.runner.worker import Worker
 
 # config key -> the values a program may hold (repro/fuzz.py draws from these)
@@ -62,7 +63,7 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
     config = with_defaults(config)
     flashmla = config["backend"] == "flashmla"
     half = config["kernel_blocks"] == "half"
-    return RunnerConfig(
+    return flat_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

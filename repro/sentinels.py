@@ -145,10 +145,10 @@ def _pad_slot_probe(device: str, fixes: frozenset[Fix]) -> Problems:
     padding tokens' slots are -1, not the 6-token step's slots left in the buffer."""
     from harness.runner.cudagraph import CUDAGraphMode
     from harness.runner.input_batch import Request
-    from harness.runner.model_runner import ModelRunner, RunnerConfig
+    from harness.runner.model_runner import ModelRunner, runner_config
 
     runner = ModelRunner(
-        RunnerConfig(
+        runner_config(
             device, fixes, enable_lora=False, cudagraph_mode=CUDAGraphMode.NONE, max_model_len=32
         )
     )

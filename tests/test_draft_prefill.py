@@ -4,8 +4,6 @@ child: on a GPU its device-side assert would end this process's CUDA context.)""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -13,7 +11,7 @@ from harness.fixes import ALL_FIXES, Fix
 from harness.record import Context
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import InputBuffers, Request
-from harness.runner.model_runner import ModelRunner
+from harness.runner.model_runner import ModelRunner, updated
 from harness.runner.speculator import DraftPrefill
 from repro.bugs.spec_stale_pad_tail.scenarios import PROMPTS, checked_step, spec_config
 
@@ -53,9 +51,7 @@ def test_the_gather_reads_the_padded_requests_rows(device) -> None:
 def test_a_piecewise_replay_gathers_the_live_requests_only(device) -> None:
     """Buggy, PIECEWISE (upstream: the prefill's gather runs eagerly on the live requests):
     after the larger step the stale entries stay, but nothing reads them: as the reference."""
-    config = dataclasses.replace(
-        spec_config(Context(BUGGY, device)), cudagraph_mode=CUDAGraphMode.PIECEWISE
-    )
+    config = updated(spec_config(Context(BUGGY, device)), cudagraph_mode=CUDAGraphMode.PIECEWISE)
     runner = ModelRunner(config)
     runner.capture_model()
     first = [Request(f"r{i}", p) for i, p in enumerate(PROMPTS)]

@@ -11,7 +11,7 @@ import pytest
 from harness.fixes import ALL_FIXES, Fix
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.engine import EngineCore, EngineStep
-from harness.runner.model_runner import RunnerConfig
+from harness.runner.model_runner import RunnerConfig, runner_config
 from harness.runner.worker import Worker
 
 pytestmark = pytest.mark.partial_wake_forward
@@ -20,7 +20,7 @@ BUGGY = ALL_FIXES - {Fix.FULLY_AWAKE_GATE}
 
 
 def _config(device, fixes) -> RunnerConfig:
-    return RunnerConfig(
+    return runner_config(
         device, fixes, cudagraph_mode=CUDAGraphMode.NONE, enable_lora=False, max_model_len=8
     )
 

@@ -17,7 +17,7 @@ from harness.runner.cudagraph import (
     Launcher,
 )
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 
 pytestmark = pytest.mark.graph_output_alias
 BUGGY = ALL_FIXES - {Fix.GRAPH_OUTPUT_COPY_BEFORE_DRAFT}
@@ -63,7 +63,7 @@ def test_a_graph_output_past_the_pool_is_refused(device) -> None:
 
 @pytest.mark.parametrize("fixes", [ALL_FIXES, BUGGY], ids=["fixed", "buggy"])
 def test_the_targets_hidden_states_leave_the_pool_before_the_drafter(device, fixes) -> None:
-    config = RunnerConfig(
+    config = runner_config(
         device,
         fixes,
         enable_lora=False,
@@ -95,4 +95,4 @@ def test_the_targets_hidden_states_leave_the_pool_before_the_drafter(device, fix
 
 def test_draft_graphs_need_a_drafter(device) -> None:
     with pytest.raises(ValueError, match="draft_graphs needs a drafter"):
-        ModelRunner(RunnerConfig(device, enable_lora=False, draft_graphs=True))
+        ModelRunner(runner_config(device, enable_lora=False, draft_graphs=True))

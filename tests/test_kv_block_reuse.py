@@ -3,8 +3,6 @@ blocks and the page-loading decode kernel: the mechanism of vLLM #35219, fixed a
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -12,7 +10,7 @@ from harness.fixes import ALL_FIXES, Fix
 from harness.record import Context
 from harness.runner.input_batch import Request
 from harness.runner.mamba import WINDOW
-from harness.runner.model_runner import ModelRunner
+from harness.runner.model_runner import ModelRunner, updated
 from kernels.paged_attention import zero_kv_blocks
 from kernels.split_kv_attention import (
     combine_splits,
@@ -78,7 +76,7 @@ def test_zero_kv_blocks_zeroes_exactly_the_named_pages(device, dtype) -> None:
 
 
 def _runner(device, fixes=ALL_FIXES, **config) -> ModelRunner:
-    return ModelRunner(dataclasses.replace(hybrid_config(Context(fixes, device)), **config))
+    return ModelRunner(updated(hybrid_config(Context(fixes, device)), **config))
 
 
 def test_freed_blocks_are_reused_least_recently_freed_first_last_block_first(device) -> None:

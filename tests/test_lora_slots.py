@@ -11,7 +11,7 @@ from harness.fixes import ALL_FIXES, Fix
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
 from harness.runner.lora import LoRAMapping, LoRAModelManager, PunicaWrapper
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 
 pytestmark = pytest.mark.lora_slot_memo
 BUGGY = ALL_FIXES - {Fix.LORA_SLOT_LAYOUT_MEMO}
@@ -61,7 +61,7 @@ def test_a_rotation_under_one_mapping_refreshes_the_metadata_only_when_fixed(dev
 
 
 def test_the_step_reloads_an_evicted_adapter_with_its_own_weights(device) -> None:
-    runner = ModelRunner(RunnerConfig(device, cudagraph_mode=CUDAGraphMode.NONE))
+    runner = ModelRunner(runner_config(device, cudagraph_mode=CUDAGraphMode.NONE))
     for lora_id in (1, 2):
         runner.add_lora(lora_id, seed=10 + lora_id, experts=False)
     head_b = {i: runner.model.head_b[:, i].clone() for i in (0, 1)}  # adapter 1, adapter 2

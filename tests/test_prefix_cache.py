@@ -9,7 +9,7 @@ import pytest
 from harness.fixes import ALL_FIXES, Fix
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.kv_cache import KVCache, block_hashes
-from harness.runner.model_runner import RunnerConfig
+from harness.runner.model_runner import runner_config
 from harness.runner.worker import Worker
 
 pytestmark = pytest.mark.sleep_prefix_cache
@@ -18,7 +18,7 @@ PROMPT = list(range(1, 12))  # 11 tokens: two whole blocks of 4, one of 8
 
 
 def _worker(device, fixes=ALL_FIXES) -> Worker:
-    config = RunnerConfig(
+    config = runner_config(
         device,
         fixes,
         enable_lora=False,

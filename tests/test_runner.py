@@ -15,7 +15,7 @@ from harness.runner.flashmla import DraftAttention, FlashMLABackend, FlashMLASch
 from harness.runner.input_batch import InputBuffers, Request
 from harness.runner.lora import LoRAKernelMeta, LoRAMapping, LoRAModelManager, convert_mapping
 from harness.runner.model import DTYPES
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 
 INT32_MAX = torch.iinfo(torch.int32).max
 MIXED = [Request("a", (1, 2, 3), 4), Request("b", (5, 6), 0), Request("c", (63,), 4)]
@@ -49,7 +49,7 @@ def test_prepare_tensors(device) -> None:
 
 
 def test_shared_wrappers_are_handled_once(device) -> None:
-    runner = ModelRunner(RunnerConfig(device))
+    runner = ModelRunner(runner_config(device))
     manager = runner.lora_manager._adapter_manager
     assert len(manager.punica_wrapper_mapping) == 4
     wrappers = manager.distinct_wrappers()
@@ -57,7 +57,7 @@ def test_shared_wrappers_are_handled_once(device) -> None:
 
 
 def test_set_adapter_mapping_skips_an_equal_mapping(device) -> None:
-    runner = ModelRunner(RunnerConfig(device))
+    runner = ModelRunner(runner_config(device))
     manager: LoRAModelManager = runner.lora_manager._adapter_manager
     meta = manager.distinct_wrappers()[0].token_mapping_meta
     manager.set_adapter_mapping(LoRAMapping((0, 0, 0), (0,), True))
@@ -76,7 +76,7 @@ def test_set_adapter_mapping_skips_an_equal_mapping(device) -> None:
     [(ALL_FIXES, False, 1), (ALL_FIXES - {Fix.LORA_CAPTURE_LAUNCH}, True, 0)],
 )
 def test_dummy_branch_fix_parts(device, fixes, flag, active) -> None:
-    runner = ModelRunner(RunnerConfig(device, fixes))
+    runner = ModelRunner(runner_config(device, fixes))
     runner.execute_model(dummy_run=True, num_tokens=4, num_reqs=1)
     for wrapper in runner.lora_manager._adapter_manager.distinct_wrappers():
         for meta in (wrapper.token_mapping_meta, wrapper.prompt_mapping_meta):
@@ -86,7 +86,7 @@ def test_dummy_branch_fix_parts(device, fixes, flag, active) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_eager_step_matches_reference_and_every_lora_changes_it(device, dtype) -> None:
-    runner = ModelRunner(RunnerConfig(device, dtype=dtype))
+    runner = ModelRunner(runner_config(device, dtype=dtype))
     runner.add_lora(4, seed=9)
     out = runner.execute_model(MIXED, use_cudagraph=False)
     want = getattr(torch, dtype)
@@ -106,12 +106,12 @@ def test_eager_step_matches_reference_and_every_lora_changes_it(device, dtype) -
 def test_the_runners_dtypes_are_the_clis_and_float16_is_refused(device) -> None:
     assert DTYPES == record.DTYPES
     with pytest.raises(ValueError, match="dtype 'float16': the runner runs in float32, bfloat16"):
-        ModelRunner(RunnerConfig(device, dtype="float16"))
+        ModelRunner(runner_config(device, dtype="float16"))
 
 
 @pytest.mark.lora_dummy_run
 def test_dummy_run_writes_nothing_to_the_kv_cache(device) -> None:
-    runner = ModelRunner(RunnerConfig(device))
+    runner = ModelRunner(runner_config(device))
     before = [c.clone() for c in runner.kv_cache.k_caches]
     runner.execute_model(dummy_run=True, num_tokens=8, num_reqs=2)
     assert all(torch.equal(a, b) for a, b in zip(before, runner.kv_cache.k_caches, strict=True))
@@ -141,7 +141,7 @@ def _descs(runner: ModelRunner) -> set[tuple]:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_full_and_piecewise_capture_and_dispatch(device, dtype) -> None:
     mode = CUDAGraphMode.FULL_AND_PIECEWISE
-    config = RunnerConfig(device, cudagraph_mode=mode, cudagraph_sizes=(4, 16), dtype=dtype)
+    config = runner_config(device, cudagraph_mode=mode, cudagraph_sizes=(4, 16), dtype=dtype)
     runner = ModelRunner(config)
     runner.add_lora(4, seed=9)
     runner.capture_model()
@@ -167,7 +167,7 @@ def test_full_and_piecewise_capture_and_dispatch(device, dtype) -> None:
 
 @pytest.mark.lora_graph_capture
 def test_specialized_lora_captures_one_case_per_active_count(device) -> None:
-    config = RunnerConfig(device, cudagraph_sizes=(8,), specialize_active_lora=True)
+    config = runner_config(device, cudagraph_sizes=(8,), specialize_active_lora=True)
     runner = ModelRunner(config)
     runner.add_lora(1, seed=1)
     runner.add_lora(2, seed=2)

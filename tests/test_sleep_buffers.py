@@ -11,7 +11,7 @@ from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
 from harness.runner.model import ModelConfig
-from harness.runner.model_runner import RunnerConfig
+from harness.runner.model_runner import runner_config
 from harness.runner.worker import Worker
 
 pytestmark = pytest.mark.level2_sleep_state
@@ -20,7 +20,7 @@ SCALE = 3.0
 
 
 def _worker(device, fixes=ALL_FIXES) -> Worker:
-    config = RunnerConfig(
+    config = runner_config(
         device,
         fixes,
         model=ModelConfig(embed_scale=SCALE),

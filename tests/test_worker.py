@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from harness.fixes import ALL_FIXES, Fix
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 from harness.runner.worker import Worker
 
 pytestmark = pytest.mark.block_table_wake  # the wake path of vLLM #40648
 
 
 def _worker(device, fixes=ALL_FIXES) -> Worker:
-    return Worker(RunnerConfig(device, fixes, enable_lora=False, max_model_len=32))
+    return Worker(runner_config(device, fixes, enable_lora=False, max_model_len=32))
 
 
 @pytest.mark.block_table_graph_wake
@@ -56,4 +56,4 @@ def test_the_runner_lives_in_the_workers_pools(device) -> None:
     worker = _worker(device)
     runner = worker.model_runner
     assert runner.pools is worker.pools
-    assert ModelRunner(RunnerConfig(device)).pools is not worker.pools
+    assert ModelRunner(runner_config(device)).pools is not worker.pools

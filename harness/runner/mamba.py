@@ -1,4 +1,4 @@
-"""A Mamba-like state group for a hybrid runner (RunnerConfig.hybrid): its blocks are group 0's.
+"""A Mamba-like state group for a hybrid runner (RunnerConfig.cache.hybrid): group 0's blocks.
 
 Upstream's hybrid models (Qwen3.5, Nemotron-H) keep attention K/V and Mamba state in one pool of
 raw blocks: a block id names the same bytes in the attention groups' view (bfloat16 or fp8 K/V)

@@ -19,7 +19,7 @@ ranks on each rank's token count (upstream: coordinate_batch_across_dp); the fix
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -62,49 +62,125 @@ FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
 
 
 @dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The KV cache: its groups, blocks and what may share or skip them."""
+
+    block_sizes: tuple[int, ...] = (4, 16)  # one KV-cache group per layer (the KV manager's)
+    # per group, the attention kernel's block size, dividing the manager's (upstream: chosen
+    # from the backends' supported sizes when the manager's is not one, as for hybrid models)
+    kernel_block_sizes: tuple[int, ...] = ()
+    num_kv_blocks: int = 64  # per group
+    enable_prefix_caching: bool = False  # generate() reuses cached blocks of a prompt's prefix
+    hybrid: bool = False  # a Mamba-like state group shares group 0's blocks (mamba.py)
+    sliding_window: int = 0  # attention over the last tokens only (the paged kernel's window)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionConfig:
+    """The attention backend of decode steps, and what it asks of the batch."""
+
+    decode_backend: str = "paged"  # "flashmla": split-KV for uniform decode, planned lazily;
+    # "trtllm": the same, loading whole KV pages (unused slots weighted 0), as TRTLLM's does
+    num_splits: int = 4  # split-KV work partitions
+    # decodes before prefills, by row swaps (backends that split them: MLA, FlashInfer)
+    reorder_batch: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GraphConfig:
+    """CUDA graphs (upstream: the compilation config's)."""
+
+    cudagraph_mode: CUDAGraphMode = FULL
+    cudagraph_sizes: tuple[int, ...] = (4, 8, 16)
+    # the block-table gather and slot mappings run in the forward, so graphs hold them (and the
+    # layout tensors' addresses), as upstream's fused draft decode graph does (vLLM #46849)
+    tables_in_graph: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAConfig:
+    enable_lora: bool = True
+    specialize_active_lora: bool = False  # one graph per active-LoRA count (upstream's flag)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecConfig:
+    """A speculator, and the readers of the target's hidden states."""
+
+    draft_attention: bool = False  # a speculator's draft attention on the captured states
+    # a speculator's draft prefill gathers each request's last hidden state (speculator.py)
+    draft_prefill: bool = False
+    # the draft prefill in graphs of its own, replayed after the target's (upstream: the padded
+    # drafter's), and every graph's outputs in one shared pool (cudagraph.GraphPool)
+    draft_graphs: bool = False
+    # a cache-only layer stores each token's hidden state (extract_hidden_states.py)
+    extract_hidden_states: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Async scheduling (async_output.py: execute_model_async): sampling on a copy stream that
+    runs late with `stream_delay` (streams.py: the order a race loses)."""
+
+    async_output: bool = False
+    stream_delay: bool = False
+
+
+# each group's field -> the group (runner_config's flat keywords, vLLM's EngineArgs to its config)
+GROUPS = {
+    "cache": CacheConfig,
+    "attention": AttentionConfig,
+    "graphs": GraphConfig,
+    "lora": LoRAConfig,
+    "spec": SpecConfig,
+    "scheduler": SchedulerConfig,
+}
+
+
+@dataclass(frozen=True, slots=True)
 class RunnerConfig:
+    """The runner's configuration, grouped by concern as vLLM's is: the model, the batch's
+    limits and the sampling outputs here; the cache, attention, graphs, LoRA, speculator and
+    scheduler each in a group. `runner_config` builds one from flat keywords."""
+
     device: str
     fixes: Variant = ALL_FIXES
     model: ModelConfig = field(default_factory=ModelConfig)
     dtype: str = "float32"  # weights, activations and KV cache (harness.runner.model.DTYPES)
     max_num_tokens: int = 32
     max_num_reqs: int = 8
-    cudagraph_mode: CUDAGraphMode = FULL
-    cudagraph_sizes: tuple[int, ...] = (4, 8, 16)
-    enable_lora: bool = True
-    specialize_active_lora: bool = False  # one graph per active-LoRA count (upstream's flag)
-    decode_backend: str = "paged"  # "flashmla": split-KV for uniform decode, planned lazily;
-    # "trtllm": the same, loading whole KV pages (unused slots weighted 0), as TRTLLM's does
-    draft_attention: bool = False  # a speculator's draft attention on the captured states
-    block_sizes: tuple[int, ...] = (4, 16)  # one KV-cache group per layer (the KV manager's)
-    # per group, the attention kernel's block size, dividing the manager's (upstream: chosen
-    # from the backends' supported sizes when the manager's is not one, as for hybrid models)
-    kernel_block_sizes: tuple[int, ...] = ()
-    num_kv_blocks: int = 64  # per group
     max_model_len: int = 32
-    num_splits: int = 4  # split-KV work partitions
-    # the block-table gather and slot mappings run in the forward, so graphs hold them (and the
-    # layout tensors' addresses), as upstream's fused draft decode graph does (vLLM #46849)
-    tables_in_graph: bool = False
-    enable_prefix_caching: bool = False  # generate() reuses cached blocks of a prompt's prefix
-    hybrid: bool = False  # a Mamba-like state group shares group 0's blocks (mamba.py)
-    # a cache-only layer stores each token's hidden state (extract_hidden_states.py)
-    extract_hidden_states: bool = False
-    # a speculator's draft prefill gathers each request's last hidden state (speculator.py)
-    draft_prefill: bool = False
-    # decodes before prefills, by row swaps (backends that split them: MLA, FlashInfer)
-    reorder_batch: bool = False
-    # the draft prefill in graphs of its own, replayed after the target's (upstream: the padded
-    # drafter's), and every graph's outputs in one shared pool (cudagraph.GraphPool)
-    draft_graphs: bool = False
     prompt_logprobs: bool = False  # each step's log-softmax of every token's logits
-    # async scheduling's sampling (async_output.py: execute_model_async), on a copy stream that
-    # runs late with `stream_delay` (streams.py: the order a race loses)
-    async_output: bool = False
-    stream_delay: bool = False
-    sliding_window: int = 0  # attention over the last tokens only (the paged kernel's window)
+    cache: CacheConfig = CacheConfig()
+    attention: AttentionConfig = AttentionConfig()
+    graphs: GraphConfig = GraphConfig()
+    lora: LoRAConfig = LoRAConfig()
+    spec: SpecConfig = SpecConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
     # this rank's place among ranks (parallel.py; frozen, so one default instance is safe)
     parallel: ParallelConfig = ParallelConfig()  # noqa: RUF009
+
+
+_GROUP_OF = {f.name: group for group, cls in GROUPS.items() for f in fields(cls)}
+
+
+def updated(config: RunnerConfig, **flat) -> RunnerConfig:
+    """`config` with each flat keyword set in its group (a top-level field: in place)."""
+    unknown = set(flat) - set(_GROUP_OF) - {f.name for f in fields(RunnerConfig)}
+    if unknown:
+        raise TypeError(f"RunnerConfig has no field {', '.join(sorted(unknown))}")
+    top = {k: v for k, v in flat.items() if k not in _GROUP_OF}
+    for group in GROUPS:
+        mine = {k: v for k, v in flat.items() if _GROUP_OF.get(k) == group}
+        if mine:
+            top[group] = replace(top.get(group, getattr(config, group)), **mine)
+    return replace(config, **top)
+
+
+def runner_config(device: str, fixes: Variant = ALL_FIXES, **flat) -> RunnerConfig:
+    """A RunnerConfig from flat keywords, each to its group (`runner_config("cpu",
+    cudagraph_mode=FULL, enable_lora=False)`), as vLLM's EngineArgs make its config."""
+    return updated(RunnerConfig(device, fixes), **flat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,14 +216,14 @@ class ModelRunner:
         self.input_buffers = InputBuffers(c.max_num_tokens, c.max_num_reqs, self.device)
         self.sampling = SamplingStates(c.max_num_reqs, m.vocab_size, self.fixes)
         self.async_sampler = None
-        if c.async_output:
+        if c.scheduler.async_output:
             self.sampling, self.async_sampler = async_sampling(c, m.vocab_size)
         self.model = TinyLoRADecoder(
             m, self.device, lambda t: self.pools.adopt("weights", t), c.dtype
         )
         self.kv_cache = KVCache(
-            c.block_sizes,
-            c.num_kv_blocks,
+            c.cache.block_sizes,
+            c.cache.num_kv_blocks,
             m.num_heads,
             m.hidden_size // m.num_heads,
             c.max_num_reqs,
@@ -156,19 +232,21 @@ class ModelRunner:
             self.pools,
             self.model.dtype,
             m.seed,
-            c.enable_prefix_caching,
-            c.hybrid,
-            c.kernel_block_sizes,
+            c.cache.enable_prefix_caching,
+            c.cache.hybrid,
+            c.cache.kernel_block_sizes,
             self._builder_block_sizes(),
-            c.sliding_window,
+            c.cache.sliding_window,
         )
         self.model.fixes = self.fixes
         self.model.moe = moe_config(self.fixes, self.device)
-        pages = c.decode_backend == "trtllm"
-        backend = FlashMLABackend(c.num_splits, c.max_model_len, self.device, pages)
-        self.model.decode_backend = backend if c.decode_backend != "paged" else None
+        pages = c.attention.decode_backend == "trtllm"
+        backend = FlashMLABackend(c.attention.num_splits, c.max_model_len, self.device, pages)
+        self.model.decode_backend = backend if c.attention.decode_backend != "paged" else None
         self.draft = (
-            DraftAttention(backend, m.num_heads, rms_norm, c.fixes) if c.draft_attention else None
+            DraftAttention(backend, m.num_heads, rms_norm, c.fixes)
+            if c.spec.draft_attention
+            else None
         )
         self.cache_only, self.speculator = self._hidden_state_readers()
         self.lora_manager = LoRAManager(
@@ -188,8 +266,8 @@ class ModelRunner:
         c = self.config
         if Fix.KERNEL_BLOCK_SIZE_TO_BUILDERS in self.fixes:
             # fix: kernel_block_size_to_builders -- the tables and cache views are in kernel blocks
-            return c.kernel_block_sizes or c.block_sizes
-        return c.block_sizes  # the KV manager's (upstream: kv_cache_spec.block_size)
+            return c.cache.kernel_block_sizes or c.cache.block_sizes
+        return c.cache.block_sizes  # the KV manager's (upstream: kv_cache_spec.block_size)
 
     def _hidden_state_readers(self) -> tuple[CacheOnlyLayer | None, DraftPrefill | None]:
         """What reads the model's hidden states after its forward, when configured: a
@@ -197,10 +275,10 @@ class ModelRunner:
         (the LM head shared with the target)."""
         c = self.config
         cache_only = speculator = None
-        if c.extract_hidden_states:
-            layout = (c.num_kv_blocks, c.block_sizes[0], c.model.hidden_size)
+        if c.spec.extract_hidden_states:
+            layout = (c.cache.num_kv_blocks, c.cache.block_sizes[0], c.model.hidden_size)
             cache_only = CacheOnlyLayer(*layout, self.model.dtype, self.pools, c.fixes)
-        if c.draft_prefill:
+        if c.spec.draft_prefill:
             speculator = DraftPrefill(c.max_num_reqs, self.model.head, self.device, c.fixes)
         return cache_only, speculator
 
@@ -208,9 +286,9 @@ class ModelRunner:
         """With draft graphs: the pool the target's and the drafter's graph outputs share
         (room for one graph's hidden states and logits), and the drafter's input buffer."""
         c, m = self.config, self.config.model
-        if not c.draft_graphs:
+        if not c.spec.draft_graphs:
             return None
-        if not c.draft_prefill:
+        if not c.spec.draft_prefill:
             raise ValueError("draft_graphs needs a drafter: draft_prefill=True")
         self.draft_hidden = torch.zeros(
             c.max_num_tokens, m.hidden_size, dtype=self.model.dtype, device=self.device
@@ -228,7 +306,7 @@ class ModelRunner:
                 c.max_num_reqs,
                 c.model.max_loras,
                 self.device,
-                c.specialize_active_lora,
+                c.lora.specialize_active_lora,
             )
             for _ in range(2)
         )
@@ -237,7 +315,7 @@ class ModelRunner:
     @property
     def wrappers(self) -> list[PunicaWrapper] | None:
         """The wrapper of each LoRA layer, in TinyLoRADecoder.PREFIXES order (None: no LoRA)."""
-        if not self.config.enable_lora:
+        if not self.config.lora.enable_lora:
             return None
         mapping = self.lora_manager._adapter_manager.punica_wrapper_mapping
         return [mapping[p] for p in TinyLoRADecoder.PREFIXES]
@@ -299,13 +377,13 @@ class ModelRunner:
                 self.execute_model(dummy_run=True, num_tokens=1, num_reqs=1)
             return self._empty_output()
         restricted = self.sampling.add_requests(requests)
-        if self.config.reorder_batch:
+        if self.config.attention.reorder_batch:
             requests = self._reorder_batch(requests)
         n, r = sum(len(q.token_ids) for q in requests), len(requests)
         self._coordinate_dp(n)
         uniform = all(len(q.token_ids) == 1 for q in requests)
         desc = None
-        if use_cudagraph and self.config.cudagraph_mode != CUDAGraphMode.NONE:
+        if use_cudagraph and self.config.graphs.cudagraph_mode != CUDAGraphMode.NONE:
             desc = self.cudagraph_manager.dispatch(n, r, uniform, self._lora_case(requests))
         batch = self.input_buffers.prepare(
             requests, desc.num_tokens if desc else n, desc.num_reqs if desc else r
@@ -315,13 +393,13 @@ class ModelRunner:
         for row, q in enumerate(requests):
             self.kv_cache.ensure_blocks(row, q.num_computed_tokens + len(q.token_ids), q.token_ids)
         self._zero_new_blocks()
-        if self.config.hybrid:
+        if self.config.cache.hybrid:
             self._update_states(requests)
-        if desc is None or not self.config.tables_in_graph:  # else the graph gathers
+        if desc is None or not self.config.graphs.tables_in_graph:  # else the graph gathers
             attn = self.kv_cache.metadata(batch)
         if self.speculator is not None:
             self.speculator.prepare(batch)
-        if self.config.enable_lora:
+        if self.config.lora.enable_lora:
             self._activate_adapters(requests)
             mapping = LoRAMapping(batch.token_lora_ids, batch.req_lora_ids, is_prefill=True)
             self.lora_manager._adapter_manager.set_adapter_mapping(mapping)
@@ -379,7 +457,7 @@ class ModelRunner:
         (upstream: the scheduler's new_block_ids_to_zero, zeroed by the worker's KVBlockZeroer
         where the KV cache needs it: a hybrid runner, whose blocks change tenants and dtypes)."""
         new = self.kv_cache.take_new_block_ids()
-        if not self.config.hybrid or Fix.ZERO_NEW_KV_BLOCKS not in self.fixes:
+        if not self.config.cache.hybrid or Fix.ZERO_NEW_KV_BLOCKS not in self.fixes:
             return
         # fix: zero_new_kv_blocks -- a recycled block's bytes may read as NaN in this dtype.
         for g, ids in enumerate(new):
@@ -448,7 +526,7 @@ class ModelRunner:
 
     def _set_dummy_lora_state(self, num_tokens: int, num_reqs: int) -> None:
         """The dummy branch's LoRA state (profile, warm-up, capture)."""
-        if not self.config.enable_lora or Fix.LORA_DUMMY_MAPPING not in self.fixes:
+        if not self.config.lora.enable_lora or Fix.LORA_DUMMY_MAPPING not in self.fixes:
             return
         # fix: lora_dummy_mapping -- an unset mapping leaves the LoRA index buffers garbage.
         adapter_manager = self.lora_manager._adapter_manager
@@ -463,7 +541,7 @@ class ModelRunner:
     def _lora_cases(self) -> list[int | None]:
         """The LoRA capture cases: one, or every active-LoRA count (-1 included) when
         specialised."""
-        if not (self.config.enable_lora and self.config.specialize_active_lora):
+        if not (self.config.lora.enable_lora and self.config.lora.specialize_active_lora):
             return [None]
         return list(range(1, self.config.model.max_loras + 2))
 
@@ -478,8 +556,9 @@ class ModelRunner:
     def _capture_lora_state(self, case: int | None) -> None:
         """Upstream's LoRA capture hook: the dummy LoRA state, with each active meta set to
         launch `case` LoRA programs when specialised."""
-        self._set_dummy_lora_state(max(self.config.cudagraph_sizes), self.config.max_num_reqs)
-        if case is None or not self.config.enable_lora:
+        c = self.config
+        self._set_dummy_lora_state(max(c.graphs.cudagraph_sizes), c.max_num_reqs)
+        if case is None or not c.lora.enable_lora:
             return
         for wrapper in self.lora_manager._adapter_manager.distinct_wrappers():
             for meta in (wrapper.token_mapping_meta, wrapper.prompt_mapping_meta):
@@ -490,14 +569,14 @@ class ModelRunner:
 
     def _capture_descriptors(self) -> list[BatchExecutionDescriptor]:
         c, descs = self.config, []
-        for size in (s for s in c.cudagraph_sizes if s <= c.max_num_tokens):
+        for size in (s for s in c.graphs.cudagraph_sizes if s <= c.max_num_tokens):
             reqs = min(size, c.max_num_reqs)
             for case in self._lora_cases():
-                if c.cudagraph_mode in (FULL, PIECEWISE):
+                if c.graphs.cudagraph_mode in (FULL, PIECEWISE):
                     descs.append(
-                        BatchExecutionDescriptor(c.cudagraph_mode, size, reqs, False, case)
+                        BatchExecutionDescriptor(c.graphs.cudagraph_mode, size, reqs, False, case)
                     )
-                if c.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE:
+                if c.graphs.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE:
                     descs.append(BatchExecutionDescriptor(PIECEWISE, size, reqs, False, case))
                     if size <= c.max_num_reqs:
                         descs.append(BatchExecutionDescriptor(FULL, size, size, True, case))
@@ -539,11 +618,11 @@ class ModelRunner:
 
         def forward(mode: CUDAGraphMode):
             self._first_call_tuning(not warmup, batch.num_tokens)
-            if self.config.tables_in_graph:
+            if self.config.graphs.tables_in_graph:
                 self.kv_cache.metadata(batch, self.launch)
             hidden, logits = self._model_forward(batch, attn)
             # upstream: the speculator's FULL prefill graph, unless it has graphs of its own
-            if desc.cg_mode == FULL and not self.config.draft_graphs:
+            if desc.cg_mode == FULL and not self.config.spec.draft_graphs:
                 self._draft_prefill(hidden, desc.num_reqs)
             return hidden, logits
 

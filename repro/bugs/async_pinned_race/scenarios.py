@@ -13,7 +13,7 @@ from harness.record import Context
 from harness.reference import recomputed_logits
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, RunnerConfig, runner_config
 
 # two steps of new requests of the same lengths (the second step's kernels are the first's);
 # each prompt's best next token leads the next by over 20% of its largest logit (A: its second
@@ -25,7 +25,7 @@ STEP_1 = {"C": (5, 15, 1), "D": (7, 6)}
 def async_config(ctx: Context) -> RunnerConfig:
     """An eager runner (no LoRA, no graphs) with async scheduling's sampling, its copy stream
     delayed: the order a race loses."""
-    return RunnerConfig(
+    return runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

@@ -12,7 +12,7 @@ from harness.record import Context
 from harness.runner.async_engine import AsyncEngine
 from harness.runner.async_scheduler import AsyncScheduler
 from harness.runner.cudagraph import CUDAGraphMode
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, RunnerConfig, runner_config
 
 PROMPTS = {"A": (5, 9, 13), "B": (2, 7, 11)}
 MAX_TOKENS = 4
@@ -24,7 +24,7 @@ def async_config(ctx: Context, num_reqs: int = 2, num_kv_blocks: int = 3) -> Run
     """An eager runner (no LoRA, no graphs) with three blocks of four tokens per group: two
     three-token prompts fit, their fifth tokens do not both. (The second run: three requests
     on four blocks.)"""
-    return RunnerConfig(
+    return runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

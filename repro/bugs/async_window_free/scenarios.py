@@ -12,7 +12,7 @@ from harness.record import Context
 from harness.runner.async_engine import AsyncEngine
 from harness.runner.async_scheduler import AsyncScheduler
 from harness.runner.cudagraph import CUDAGraphMode
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, RunnerConfig, runner_config
 
 PROMPT = (5, 9, 13)
 NUM_SPEC_TOKENS = 2
@@ -24,7 +24,7 @@ ONE_DRAFT, REJECT_RUN, RUN_TOKENS = 1, (1, 2, 3), 5
 def window_config(ctx: Context) -> RunnerConfig:
     """An eager runner (no LoRA, no graphs) whose attention sees the last 2 tokens, in blocks
     of 2 tokens (both groups)."""
-    return RunnerConfig(
+    return runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

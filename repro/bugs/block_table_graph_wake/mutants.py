@@ -71,7 +71,7 @@ MUTANTS = (
         "harness/runner/model_runner.py",
         "                in_place=Fix.BLOCK_TABLE_REFRESH_IN_PLACE in self.fixes\n",
         "                in_place=Fix.BLOCK_TABLE_REFRESH_IN_PLACE in self.fixes\n"
-        "                and self.config.cudagraph_mode != CUDAGraphMode.PIECEWISE\n",
+        "                and self.config.graphs.cudagraph_mode != CUDAGraphMode.PIECEWISE\n",
         "a PIECEWISE runner is taken as graph-free (attention is eager) and rebuilds the layout "
         "tensors, but its pieces gather the tables (found by an independent regression)",
     ),

@@ -9,7 +9,7 @@ from harness.record import Context
 from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 from harness.runner.worker import Worker
 
 PROMPTS = ([1, 2, 3, 4, 5], [7], [9, 8, 7, 6])  # 10 tokens: the PIECEWISE 16 graph
@@ -81,7 +81,7 @@ def piecewise_replay_after_wake(ctx: Context) -> str:
 
 
 def _replay_after_wake(ctx: Context, mode: CUDAGraphMode, cycles) -> str:
-    config = RunnerConfig(
+    config = runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from harness.oracle import close, expect_all
 from harness.record import Context
 from harness.reference import recomputed_logits
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 from harness.runner.worker import Worker
 
 PROMPTS = ([1, 2, 3, 4, 5], [7], [9, 8, 7, 6, 5, 4, 3, 2, 1, 60, 61])
@@ -52,7 +52,7 @@ def generate_sleep_wake_generate(ctx: Context) -> str:
     kills the child with SIGSEGV (already at the first step, after the wake before serving).
     """
     worker = Worker(
-        RunnerConfig(ctx.device, ctx.fixes, dtype=ctx.dtype, enable_lora=False, max_model_len=32)
+        runner_config(ctx.device, ctx.fixes, dtype=ctx.dtype, enable_lora=False, max_model_len=32)
     )
     runner = worker.model_runner
     tables = runner.kv_cache.block_tables.block_tables

@@ -13,7 +13,7 @@ from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.engine import DataParallelEngine
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 from harness.runner.parallel import Collectives, ParallelConfig
 
 PROMPTS = ((1, 2, 3), (4, 5))  # rank r's one request
@@ -50,7 +50,7 @@ def zero_token_rank_steps(ctx: Context) -> str:
     if ctx.world_size != 2:
         raise RuntimeError(f"runs as 2 ranks (Scenario.ranks), got world size {ctx.world_size}")
     parallel = ParallelConfig(world_size=2, rank=ctx.rank, data_parallel_size=2)
-    config = RunnerConfig(
+    config = runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

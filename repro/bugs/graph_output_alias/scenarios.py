@@ -12,7 +12,7 @@ from harness.record import Context
 from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 
 PROMPTS = ((5, 9, 13, 2, 7), (7, 3, 1))  # 8 tokens: the capture size
 LONG_PROMPT = (4, 4, 6, 8, 1, 2, 3, 5, 9, 11)  # with two decodes, 12 tokens: eager
@@ -21,7 +21,7 @@ LONG_PROMPT = (4, 4, 6, 8, 1, 2, 3, 5, 9, 11)  # with two decodes, 12 tokens: ea
 def _runner(ctx: Context, mode: CUDAGraphMode, prompt_logprobs: bool = True) -> ModelRunner:
     """Graphs of 8 tokens (4 padded requests) in `mode`, a padded drafter with graphs of its
     own in the same pool, prompt logprobs read after each step (or, off, none)."""
-    config = RunnerConfig(
+    config = runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

@@ -103,7 +103,8 @@ RECORD = BugRecord(
         "through idx_mapping, not by swaps) has the same site. Modelled: this runner keeps "
         "no request across steps, so the mask rows are written from each step's requests in "
         "the persistent batch's order and then reordered with the requests and their KV-cache "
-        "rows (RunnerConfig.reorder_batch); sampling is argmax over the masked logits. Both "
+        "rows (RunnerConfig.attention.reorder_batch); sampling is argmax over the masked "
+        "logits. Both "
         "devices show it alike: the mask is a host tensor, copied to the logits' device."
     ),
 )

@@ -13,7 +13,7 @@ from harness.record import Context
 from harness.reference import recomputed_logits
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig, runner_config
 
 # step 2's rows in the persistent batch's order: two new prefills, then two decodes; S comes
 # in step 3, in Q's row
@@ -26,7 +26,7 @@ RESTRICTED = ("P", "Q", "D2")
 
 def swap_config(ctx: Context) -> RunnerConfig:
     """An eager runner (no LoRA, no graphs) that puts decodes before prefills by row swaps."""
-    return RunnerConfig(
+    return runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

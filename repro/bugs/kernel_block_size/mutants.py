@@ -16,8 +16,8 @@ MUTANTS = (
         PART,
         "wrong_row",
         RUNNER,
-        "return c.kernel_block_sizes or c.block_sizes",
-        "return (max(c.block_sizes),) * len(c.block_sizes)",
+        "return c.cache.kernel_block_sizes or c.cache.block_sizes",
+        "return (max(c.cache.block_sizes),) * len(c.cache.block_sizes)",
         "one block size for every group, the largest manager's: a group of another size is "
         "paged by the wrong one",
     ),
@@ -46,8 +46,9 @@ MUTANTS = (
         PART,
         "boundary",
         RUNNER,
-        "return c.kernel_block_sizes or c.block_sizes",
-        "return (min(c.kernel_block_sizes or c.block_sizes),) * len(c.block_sizes)",
+        "return c.cache.kernel_block_sizes or c.cache.block_sizes",
+        "return (min(c.cache.kernel_block_sizes or c.cache.block_sizes),) * len("
+        "c.cache.block_sizes)",
         "one block size for every group, the smallest kernel's: a group that is not split is "
         "walked in blocks smaller than its table's",
     ),

@@ -11,7 +11,7 @@ from harness.record import Context
 from harness.reference import recomputed_logits, step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, RunnerConfig, runner_config
 
 MANAGER, KERNEL = (8, 16), (4, 16)  # group 0: manager blocks of 8 tokens, kernel blocks of 4
 POOL = 10  # manager blocks per group: the seeded free list hands group 0's block 2 out first
@@ -38,7 +38,7 @@ def split_config(
 ) -> RunnerConfig:
     """An eager runner (no LoRA, no graphs) whose group 0 attends in kernel blocks of half the
     KV manager's (or the split `sizes`: manager, kernel)."""
-    return RunnerConfig(
+    return runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

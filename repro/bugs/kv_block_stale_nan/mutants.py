@@ -102,8 +102,9 @@ MUTANTS = (
         PART,
         "partial",
         RUNNER,
-        "if not self.config.hybrid or Fix.ZERO_NEW_KV_BLOCKS not in self.fixes:",
-        "if not self.config.enable_prefix_caching or Fix.ZERO_NEW_KV_BLOCKS not in self.fixes:",
+        "if not self.config.cache.hybrid or Fix.ZERO_NEW_KV_BLOCKS not in self.fixes:",
+        "if not self.config.cache.enable_prefix_caching or Fix.ZERO_NEW_KV_BLOCKS not in "
+        "self.fixes:",
         "the zeroing is gated on the wrong configuration: a hybrid runner never zeroes",
     ),
 )

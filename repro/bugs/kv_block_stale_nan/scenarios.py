@@ -10,7 +10,7 @@ from harness.record import Context
 from harness.reference import recomputed_logits
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, RunnerConfig, runner_config
 from harness.runner.worker import Worker
 
 POOL = 3  # blocks per group: one request's state block and two pages of group 0
@@ -26,7 +26,7 @@ CYCLES = (
 
 def hybrid_config(ctx: Context) -> RunnerConfig:
     """A hybrid runner (a state group in group 0's blocks) whose decode loads whole pages."""
-    return RunnerConfig(
+    return runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

@@ -10,7 +10,7 @@ from harness.record import Context
 from harness.reference import draft_reference, step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelOutput, ModelRunner, runner_config
 
 # Decode steps after capture: 3 requests (the 4-token graph), then 7 (the 8-token graph), then
 # 3 again with other lengths (a second replay of one graph must not reuse the first's plan);
@@ -21,7 +21,7 @@ STEPS = ([5, 17, 1], [33, 2, 9, 12, 40, 3, 8], [29, 6, 44])
 def decode_runner(ctx: Context, mode: CUDAGraphMode, draft: bool = False, **config) -> ModelRunner:
     settings = {"cudagraph_sizes": (4, 8), "enable_lora": False, **config}
     runner = ModelRunner(
-        RunnerConfig(
+        runner_config(
             ctx.device,
             ctx.fixes,
             dtype=ctx.dtype,

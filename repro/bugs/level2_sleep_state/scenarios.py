@@ -13,7 +13,7 @@ from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
 from harness.runner.model import ModelConfig
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 from harness.runner.worker import Worker
 
 PROMPTS = ([1, 2, 3], [7])  # 4 tokens, 2 requests: the FULL graph of 4, padded by requests
@@ -91,7 +91,7 @@ def sleep_wake_normalizer(ctx: Context) -> str:
     nothing indexes memory with it).
     """
     model = ModelConfig(embed_scale=SCALE)
-    config = RunnerConfig(
+    config = runner_config(
         ctx.device,
         ctx.fixes,
         model=model,

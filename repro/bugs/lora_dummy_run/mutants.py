@@ -55,8 +55,8 @@ MUTANTS = (
         PART,
         "boundary",
         RUNNER,
-        "self._set_dummy_lora_state(max(self.config.cudagraph_sizes), self.config.max_num_reqs)",
-        "self._set_dummy_lora_state(min(self.config.cudagraph_sizes), self.config.max_num_reqs)",
+        "self._set_dummy_lora_state(max(c.graphs.cudagraph_sizes), c.max_num_reqs)",
+        "self._set_dummy_lora_state(min(c.graphs.cudagraph_sizes), c.max_num_reqs)",
         "the capture hook maps the smallest capture size; larger captures read unset rows",
     ),
     Mutant(
@@ -97,7 +97,7 @@ MUTANTS = (
         "partial",
         RUNNER,
         "        adapter_manager = self.lora_manager._adapter_manager\n",
-        "        if self.config.cudagraph_mode == CUDAGraphMode.NONE:\n"
+        "        if self.config.graphs.cudagraph_mode == CUDAGraphMode.NONE:\n"
         "            return\n"
         "        adapter_manager = self.lora_manager._adapter_manager\n",
         "the dummy mapping is taken for a capture concern and skipped on an eager runner, whose "

@@ -15,7 +15,7 @@ from harness.record import Context
 from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request, dummy_lengths
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 
 DUMMY_TOKENS, DUMMY_REQS = 8, 2
 # Real batches after a capture, one per FULL graph size (4, 8, 16 tokens), then the 4-token
@@ -40,7 +40,7 @@ BATCHES = (
 
 def lora_runner(ctx: Context, **config) -> ModelRunner:
     """A runner with LoRA enabled and two adapters loaded (ids 1 and 2), no mapping set yet."""
-    runner = ModelRunner(RunnerConfig(ctx.device, ctx.fixes, dtype=ctx.dtype, **config))
+    runner = ModelRunner(runner_config(ctx.device, ctx.fixes, dtype=ctx.dtype, **config))
     runner.add_lora(1, seed=ctx.seed + 11)
     runner.add_lora(2, seed=ctx.seed + 12)
     return runner
@@ -86,7 +86,7 @@ def dummy_run_before_mapping(ctx: Context) -> str:
     the dummy batch, leaves the same poisoned offsets (the first run shows both).
     """
     runner = ModelRunner(
-        RunnerConfig(ctx.device, ctx.fixes, dtype=ctx.dtype, cudagraph_mode=CUDAGraphMode.NONE)
+        runner_config(ctx.device, ctx.fixes, dtype=ctx.dtype, cudagraph_mode=CUDAGraphMode.NONE)
     )
     problems = _dummy_matches_base(runner, runner.config.max_num_tokens, DUMMY_REQS, "no adapter")
     runner.add_lora(1, seed=ctx.seed + 11)

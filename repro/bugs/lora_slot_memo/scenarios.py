@@ -11,7 +11,7 @@ from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
 from harness.runner.model import ModelConfig
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 
 # the phases: (LoRA slots, the prompts (request a decodes on adapter 1, b on adapter 2), steps,
 # {step: the adapters add_lora'd before it}). Two slots, both in flight: adapter 3 hot-added
@@ -28,7 +28,7 @@ ONE_MOVES = (3, (("a", (3,), 1), ("b", (11,), 2)), 2, {1: (1, 3, 4)})
 def _runner(ctx: Context, mode: CUDAGraphMode, slots: int) -> ModelRunner:
     """`slots` LoRA slots, adapters 1 and 2 in the first two; a FULL graph of 2 tokens (the
     decode steps' size) if asked: the prefill runs eagerly."""
-    config = RunnerConfig(
+    config = runner_config(
         ctx.device,
         ctx.fixes,
         model=ModelConfig(max_loras=slots),

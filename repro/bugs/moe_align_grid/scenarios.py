@@ -305,10 +305,10 @@ def runner_mixed_batch(ctx: Context) -> str:
     from harness.reference import step_reference
     from harness.runner.cudagraph import CUDAGraphMode
     from harness.runner.input_batch import Request
-    from harness.runner.model_runner import ModelRunner, RunnerConfig
+    from harness.runner.model_runner import ModelRunner, runner_config
 
     runner = ModelRunner(
-        RunnerConfig(ctx.device, ctx.fixes, dtype=ctx.dtype, cudagraph_mode=CUDAGraphMode.NONE)
+        runner_config(ctx.device, ctx.fixes, dtype=ctx.dtype, cudagraph_mode=CUDAGraphMode.NONE)
     )
     runner.add_lora(1, seed=ctx.seed + 11)
     runner.add_lora(2, seed=ctx.seed + 12)

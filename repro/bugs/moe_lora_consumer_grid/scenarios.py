@@ -195,9 +195,11 @@ def runner_mixed_batch(ctx: Context) -> str:
     from harness.reference import step_reference
     from harness.runner.cudagraph import CUDAGraphMode
     from harness.runner.input_batch import Request
-    from harness.runner.model_runner import ModelRunner, RunnerConfig
+    from harness.runner.model_runner import ModelRunner, runner_config
 
-    config = RunnerConfig(ctx.device, ctx.fixes, dtype=ctx.dtype, cudagraph_mode=CUDAGraphMode.FULL)
+    config = runner_config(
+        ctx.device, ctx.fixes, dtype=ctx.dtype, cudagraph_mode=CUDAGraphMode.FULL
+    )
     runner = ModelRunner(config)
     runner.add_lora(1, seed=ctx.seed + 11)
     runner.add_lora(2, seed=ctx.seed + 12)
@@ -239,9 +241,9 @@ def adapter_states_batches(ctx: Context, mode: str) -> str:
     from harness.runner.cudagraph import CUDAGraphMode
     from harness.runner.input_batch import Request
     from harness.runner.model import ModelConfig
-    from harness.runner.model_runner import ModelRunner, RunnerConfig
+    from harness.runner.model_runner import ModelRunner, runner_config
 
-    config = RunnerConfig(
+    config = runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

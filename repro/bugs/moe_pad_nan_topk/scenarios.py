@@ -14,7 +14,7 @@ from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
 from harness.runner.model import POISON_ROW, ModelConfig, gate_clamps
-from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelOutput, ModelRunner, runner_config
 from kernels.moe_permute import moe_finalize, moe_permute_experts, moe_permute_reference
 from kernels.topk_gate import topk_gate
 
@@ -29,7 +29,7 @@ CONTEXT_SEED = 1
 def padded_runner(ctx: Context, mode: CUDAGraphMode, skip_padding: bool) -> ModelRunner:
     """A runner routing by the learned gate, with graphs of 4 tokens only."""
     runner = ModelRunner(
-        RunnerConfig(
+        runner_config(
             ctx.device,
             ctx.fixes,
             model=ModelConfig(learned_gate=True, skip_padding=skip_padding),

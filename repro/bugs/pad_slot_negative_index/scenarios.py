@@ -11,7 +11,7 @@ from harness.record import Context
 from harness.reference import recomputed_logits, step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, RunnerConfig, runner_config
 
 POOL = 2  # group 0's blocks: the seeded free list hands out block 1, the pool's last, first
 BLOCK = 4  # group 0's block size
@@ -27,7 +27,7 @@ def extract_config(
 ) -> RunnerConfig:
     """A runner with a cache-only layer on group 0's blocks, graphs of `sizes` tokens (up to 4
     requests)."""
-    return RunnerConfig(
+    return runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,
@@ -54,7 +54,7 @@ def serve_and_extract(runner: ModelRunner, label: str) -> list[str | None]:
     decode = runner.execute_model([Request("A", (seq[-1],), 0, len(PROMPT))])
     kv = runner.kv_cache
     held = kv.blocks[0][0]
-    smallest = min(runner.config.cudagraph_sizes)
+    smallest = min(runner.config.graphs.cudagraph_sizes)
     graph = decode.desc and decode.desc.num_tokens
     assert graph == smallest and held[0] == POOL - 1, (
         f"trigger not reached: graph {decode.desc}, A's blocks {held} (the last is {POOL - 1})"

@@ -12,7 +12,7 @@ from harness.record import Context
 from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.engine import EngineCore, EngineStep
-from harness.runner.model_runner import RunnerConfig
+from harness.runner.model_runner import runner_config
 from harness.runner.worker import Worker
 
 PROMPT = (1, 2, 3)
@@ -25,7 +25,7 @@ STAGED = (
 
 
 def _engine(ctx: Context, idle_dp_rank: bool = False) -> EngineCore:
-    config = RunnerConfig(
+    config = runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,

@@ -9,7 +9,7 @@ from harness.oracle import close, expect_all
 from harness.record import Context
 from harness.reference import recomputed_logits
 from harness.runner.cudagraph import CUDAGraphMode
-from harness.runner.model_runner import ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelRunner, runner_config
 from harness.runner.worker import Worker
 
 # 5 and 6 tokens over blocks of 2 and 4: a repeat hits their first 4 (whole blocks of both)
@@ -51,7 +51,7 @@ def repeat_prompts_after_wake(ctx: Context) -> str:
     K/V): NaN logits from the first step after the first wake (wrong result, both devices).
     """
     worker = Worker(
-        RunnerConfig(
+        runner_config(
             ctx.device,
             ctx.fixes,
             dtype=ctx.dtype,

@@ -10,14 +10,14 @@ from harness.record import Context
 from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig
+from harness.runner.model_runner import ModelOutput, ModelRunner, RunnerConfig, runner_config
 
 PROMPTS = ((5, 9, 13, 2), (7, 3, 1), (4, 4, 6, 8))  # 11 tokens: last tokens 3, 6 and 10
 
 
 def spec_config(ctx: Context) -> RunnerConfig:
     """A runner with a draft prefill and FULL graphs of 4 tokens (4 padded requests)."""
-    return RunnerConfig(
+    return runner_config(
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,
