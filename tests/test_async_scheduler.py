@@ -1,5 +1,5 @@
-"""The scheduler one step ahead (placeholders, preemption, resume) and the worker's placeholder
-fill: the mechanism of vLLM #40768, fixed and buggy."""
+"""The scheduler one step ahead (placeholders, preemption, resume, the token budget's skip) and
+the worker's placeholder fill: the mechanism of vLLM #40768, fixed and buggy."""
 
 from __future__ import annotations
 
@@ -76,7 +76,26 @@ def test_the_scheduler_runs_one_step_ahead_and_preempts_from_the_back(device) ->
     assert resumed.scheduled == [ScheduledRequest("B", 0, (2, 7, 11, 21, 31))]
 
 
+def test_the_token_budget_skips_a_running_request_for_a_step(device) -> None:
+    """Two drafts a decode, a budget of four tokens: step 2 decodes A (three tokens) and skips
+    B, whose decode launched on its step in flight would take three too; step 3, B's step 1
+    processed, schedules B's one sampled token at position 2 (the host's, no placeholder)."""
+    kv = KVCache((4, 4), 4, 1, 2, 2, 8, 8, make_pools(device))
+    s = AsyncScheduler(kv, ALL_FIXES, num_spec_tokens=2, max_num_scheduled_tokens=4)
+    s.add_request("A", (5, 9), 4)
+    s.add_request("B", (2, 7), 2)
+    first = s.schedule()
+    assert [(q.req_id, q.start) for q in first.scheduled] == [("A", 0), ("B", 0)]
+    second = s.schedule()
+    assert second.scheduled == [ScheduledRequest("A", 2, (PLACEHOLDER,) * 3)]
+    s.update_from_output(first, [[20], [21]], [0, 0])
+    third = s.schedule()
+    assert third.scheduled[1] == ScheduledRequest("B", 2, (21,)), "B resumes at its count"
+    assert [q.req_id for q in s.running] == ["A", "B"], "B kept its row while skipped"
+
+
 @pytest.mark.parametrize("fixes", [ALL_FIXES], ids=["fixed"])
 def test_the_engine_matches_the_reference_after_a_resume(device, fixes) -> None:
     """The scenario on the fixed runner (the buggy one asserts on the device: the scenario's)."""
-    assert "B resumed after one preemption" in resumed_after_preemption(Context(fixes, device))
+    summary = resumed_after_preemption(Context(fixes, device))
+    assert "B resumed after one preemption" in summary and "B skipped once" in summary

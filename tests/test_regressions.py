@@ -186,16 +186,36 @@ REQUIRED_AXES = {
         "states": {"prompt logprobs on", "prompt logprobs off"},
     },
     # async scheduling and copy streams (issue 25): host/device order, eager steps
-    "async_pinned_race": {"graph_modes": {"NONE"}, "states": {"two steps in flight"}},
-    "async_output_lifetime": {"graph_modes": {"NONE"}, "states": {"two steps in flight"}},
+    "async_pinned_race": {
+        "graph_modes": {"NONE"},
+        "states": {
+            "two steps in flight",
+            "three steps in flight",
+            "two restricted steps in flight",
+        },
+    },
+    "async_output_lifetime": {
+        "graph_modes": {"NONE"},
+        "states": {"two steps in flight", "three steps in flight"},
+    },
     # async scheduling (issue 25): the scheduler one step ahead drives eager steps
     "async_placeholder_leak": {
         "graph_modes": {"NONE"},
-        "states": {"resumed after preemption", "two steps in flight"},
+        "states": {
+            "resumed after preemption",
+            "resumed at a later position",
+            "two steps in flight",
+        },
     },
     "async_window_free": {
         "graph_modes": {"NONE"},
-        "states": {"one draft", "several drafts", "rejections in a row", "two steps in flight"},
+        "states": {
+            "one draft",
+            "several drafts",
+            "rejections in a row",
+            "two steps in flight",
+            "window not block-aligned",
+        },
     },
     # ranks that must agree (issue 43): either rank idle while the other serves, and both
     "dp_zero_token_skip": {

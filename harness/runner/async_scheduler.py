@@ -7,7 +7,9 @@ counts a request's tokens optimistically (`num_computed_tokens` includes the tok
 PLACEHOLDER that the worker fills on the device (async_inputs.py). A request that needs a block
 when none is free preempts the last running one (its blocks freed, its count reset to 0); a
 preempted request resumes, once its outputs reached the host, by prefilling every host token
-again. A running request's batch row is its KV-cache row: rows close up when one leaves.
+again. A running request's batch row is its KV-cache row: rows close up when one leaves. A token
+budget (upstream: max_num_scheduled_tokens) skips a running request whose step does not fit what
+the requests before it left: it is scheduled again in a later step, past position 0.
 
 Speculative decoding: a decode step schedules the sampled token and `num_spec_tokens` drafts
 (both on the device: async_engine.py); the host learns what the verification accepted with the
@@ -54,8 +56,15 @@ class StepPlan:
 
 
 class AsyncScheduler:
-    def __init__(self, kv_cache: KVCache, fixes: Variant, num_spec_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        kv_cache: KVCache,
+        fixes: Variant,
+        num_spec_tokens: int = 0,
+        max_num_scheduled_tokens: int = 0,  # the token budget of a step (0: none)
+    ) -> None:
         self.kv, self.fixes, self.num_spec_tokens = kv_cache, fixes, num_spec_tokens
+        self.max_num_scheduled_tokens = max_num_scheduled_tokens
         self.waiting: list[EngineRequest] = []
         self.running: list[EngineRequest] = []  # index = batch row = KV-cache row
         self.finished: list[EngineRequest] = []
@@ -64,14 +73,16 @@ class AsyncScheduler:
         self.waiting.append(EngineRequest(req_id, prompt, max_tokens))
 
     def schedule(self) -> StepPlan:
-        """Every running request that still owes an output (its blocks first: preempting from
-        the back when none is free), then waiting ones while their blocks fit, unless this
-        step preempted."""
+        """Every running request that still owes an output and fits the token budget's rest
+        (its blocks first: preempting from the back when none is free), then waiting ones
+        while their tokens and blocks fit, unless this step preempted."""
         plan, preempted = StepPlan([], []), False
+        budget = self.max_num_scheduled_tokens or float("inf")
         for req in list(self.running):
             if (
                 req not in self.running
                 or len(req.output) + req.num_in_flight_steps >= req.max_tokens
+                or self._end(req) - req.num_computed_tokens > budget  # skipped for this step
             ):
                 continue
             while not self._fits(self.running.index(req), self._end(req)):
@@ -80,11 +91,17 @@ class AsyncScheduler:
                 if req not in self.running:
                     break
             else:
+                budget -= self._end(req) - req.num_computed_tokens
                 self._add(plan, req)
         while self.waiting and not preempted:
             req = self.waiting[0]
-            if req.num_in_flight_steps or not self._fits(len(self.running), self._end(req)):
+            if (
+                req.num_in_flight_steps
+                or self._end(req) > budget
+                or not self._fits(len(self.running), self._end(req))
+            ):
                 break
+            budget -= self._end(req)
             self.running.append(self.waiting.pop(0))
             self._add(plan, req)
         return plan

@@ -62,7 +62,11 @@ RECORD = BugRecord(
         Scenario(
             "steps_in_flight_back_to_back",
             (Expect(frozenset({PART}), WRONG),),
-            axes=Axes(graph_modes=("NONE",), states=("two steps in flight",)),  # 0-1, 1-2
+            axes=Axes(
+                graph_modes=("NONE",),
+                # 1 launched on 0; 3 launched on 1 and 2
+                states=("two steps in flight", "three steps in flight"),
+            ),
             signature=SIGNATURE,
         ),
     ),

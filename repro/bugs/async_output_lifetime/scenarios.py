@@ -13,15 +13,17 @@ from harness.runner.model_runner import ModelRunner
 from repro.bugs.async_pinned_race.scenarios import (
     STEP_0,
     STEP_1,
+    STEP_2,
     async_config,
     ranked,
     token_problems,
     warm_up,
 )
 
-# three steps of new requests of the same lengths (each step's kernels are the first's); each
-# prompt's best next token leads the next by over 20% of its largest logit
-STEPS = (STEP_0, STEP_1, {"E": (6, 4, 11), "F": (4, 11)})
+# four steps of new requests of the same lengths (each step's kernels are the first's); each
+# prompt's best next token leads the next by over 20% of its largest logit, and step 3's best
+# tokens are none of steps 1 and 2's in the same row (a step that reads them shows)
+STEPS = (STEP_0, STEP_1, STEP_2, {"G": (4, 6, 5), "H": (0, 1)})
 
 
 def _step(runner: ModelRunner, prompts: dict[str, tuple[int, ...]]):
@@ -34,20 +36,20 @@ def steps_in_flight_back_to_back(ctx: Context) -> str:
     """Async scheduling (upstream: `--async-scheduling`, Model Runner V2's AsyncOutput): each
     step samples its requests' tokens on the main stream into device memory and downloads them
     on the copy stream; the step returns at once and the engine issues the next step before it
-    reads the last one's tokens (two steps in flight). Steps 0, 1 and 2 prefill two new
-    requests each (same lengths), after a warm-up step of their shapes; the host issues step
-    1, reads step 0's tokens, issues step 2, reads steps 1 and 2. The copy stream runs late
-    (its copies reach the device only at the host's next wait on them, on both devices). The
-    sampled tokens' device memory comes from an arena that hands a freed slot to the next
-    step, as the caching allocator hands a freed block to the next allocation of its size on
-    the main stream.
+    reads the last one's tokens. Steps 0 to 3 prefill two new requests each (same lengths),
+    after a warm-up step of their shapes; the host issues steps 0 and 1 (two in flight), reads
+    step 0's tokens, issues steps 2 and 3 (step 3 while steps 1 and 2 are unread: three in
+    flight), then reads steps 1, 2 and 3. The copy stream runs late (its copies reach the
+    device only at the host's next wait on them, on both devices). The sampled tokens' device
+    memory comes from an arena that hands a freed slot to the next step, as the caching
+    allocator hands a freed block to the next allocation of its size on the main stream.
 
     Fixed: each output keeps its device tensor until its download completed (upstream: the
     AsyncOutput's references): every step's tokens are its requests' best by the float64
     reference. Buggy: the step's last reference dies when it returns; the next step's sampling
     takes the same memory and writes its tokens before the download reads it: step 0 reads step
-    1's tokens, step 1 step 2's (wrong result, silent, on both devices); step 2, read after
-    nothing else was issued, is right.
+    1's tokens, steps 1 and 2 step 3's (wrong result, silent, on both devices); step 3, read
+    after nothing else was issued, is right.
     """
     runner = ModelRunner(async_config(ctx))
     ranks = {}
@@ -57,12 +59,12 @@ def steps_in_flight_back_to_back(ctx: Context) -> str:
     warm_up(runner, ranks["A"][0])
     out = [_step(runner, STEPS[0]), _step(runner, STEPS[1])]
     tokens = [out[0].get_output()]
-    out.append(_step(runner, STEPS[2]))
-    tokens += [out[1].get_output(), out[2].get_output()]
+    out += [_step(runner, STEPS[2]), _step(runner, STEPS[3])]
+    tokens += [o.get_output() for o in out[1:]]
     expect_all(
         [
             token_problems(f"step {i} tokens of {', '.join(STEPS[i])}", tokens[i], expected[i])
-            for i in range(3)
+            for i in range(len(STEPS))
         ]
     )
-    return f"three steps, two in flight: tokens {tokens} as the reference"
+    return f"four steps, two then three in flight: tokens {tokens} as the reference"

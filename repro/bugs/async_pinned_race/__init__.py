@@ -65,7 +65,15 @@ RECORD = BugRecord(
         Scenario(
             "restricted_step_then_next_update",
             (Expect(frozenset({PART}), WRONG),),
-            axes=Axes(graph_modes=("NONE",), states=("two steps in flight",)),  # 0, then 1
+            axes=Axes(
+                graph_modes=("NONE",),
+                # 1 launched on 0 (both restricted: A, D), 2 launched on 0 and 1
+                states=(
+                    "two steps in flight",
+                    "three steps in flight",
+                    "two restricted steps in flight",
+                ),
+            ),
             signature=SIGNATURE,
         ),
     ),

@@ -15,11 +15,12 @@ from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
 from harness.runner.model_runner import ModelRunner, RunnerConfig, runner_config
 
-# two steps of new requests of the same lengths (the second step's kernels are the first's);
-# each prompt's best next token leads the next by over 20% of its largest logit (A: its second
-# best leads the third), so that bfloat16 ranks them as float64 does
+# three steps of new requests of the same lengths (each step's kernels are the first's); each
+# prompt's best next token leads the next by over 20% of its largest logit (A: its second best
+# leads the third too; D: by 9%), so that bfloat16 ranks them as float64 does
 STEP_0 = {"A": (12, 13, 7), "B": (11, 7)}
 STEP_1 = {"C": (5, 15, 1), "D": (7, 6)}
+STEP_2 = {"E": (6, 4, 11), "F": (4, 11)}
 
 
 def async_config(ctx: Context) -> RunnerConfig:
@@ -73,34 +74,47 @@ def restricted_step_then_next_update(ctx: Context) -> str:
     is a reused pinned host tensor (upstream: the input batch's CPU tensors) uploaded on the
     copy stream, and the step returns before the device has sampled. A and B finish (one token
     each); step 1's host work, while step 0 is still in flight, writes the mask rows of its new
-    requests C and D (unrestricted) into the same pinned tensor. Then both steps' tokens are
-    read. A warm-up step of the same shapes comes first (every kernel loaded). The copy stream
-    runs late (its copies reach the device only at the host's next wait on them, on both
-    devices): step 0's upload reads the mask after step 1's host update, as a GPU behind the
-    host does.
+    requests C (unrestricted) and D (allowed its 2nd to 4th ranked tokens: a second restricted
+    step in flight, uploading the same tensor) into the same pinned tensor. C and D finish;
+    step 2's host work, steps 0 and 1 both in flight (three steps in flight), writes the rows
+    of E and F (unrestricted). Then the three steps' tokens are read. A warm-up step of the
+    same shapes comes first (every kernel loaded). The copy stream runs late (its copies reach
+    the device only at the host's next wait on them, on both devices): each upload reads the
+    mask after the next steps' host updates, as a GPU behind the host does.
 
-    Fixed: step 1's update waits for step 0's upload first (upstream: prepare_inputs_event):
-    A samples its best allowed token, B, C and D their best. Buggy: step 0 samples under step
-    1's rows: A's restriction is gone and it samples its best token, which it is not allowed
-    (wrong result, silent, on both devices).
+    Fixed: each step's update waits for the last upload first (upstream:
+    prepare_inputs_event): A and D sample their best allowed token, B, C, E and F their best.
+    Buggy: steps 0 and 1 sample under step 2's rows: A's and D's restrictions are gone and
+    each samples its best token, which it is not allowed (wrong result, silent, on both
+    devices).
     """
     runner = ModelRunner(async_config(ctx))
-    ranks = ranked(runner, STEP_0) | ranked(runner, STEP_1)
-    allowed = tuple(ranks["A"][1:4])
+    ranks = ranked(runner, STEP_0) | ranked(runner, STEP_1) | ranked(runner, STEP_2)
+    allowed = {rid: tuple(ranks[rid][1:4]) for rid in ("A", "D")}
     warm_up(runner, ranks["A"][0])
-    first = runner.execute_model_async(
-        [Request("A", STEP_0["A"], allowed_token_ids=allowed), Request("B", STEP_0["B"])]
+    steps = []
+    for prompts in (STEP_0, STEP_1, STEP_2):  # each step's requests finish (one token each)
+        for row in range(len(prompts)):  # the last step's rows take this step's new requests
+            runner.kv_cache.free(row)
+        requests = [Request(r, p, allowed_token_ids=allowed.get(r)) for r, p in prompts.items()]
+        steps.append(runner.execute_model_async(requests))
+    expected = (
+        [ranks["A"][1], ranks["B"][0]],
+        [ranks["C"][0], ranks["D"][1]],
+        [ranks["E"][0], ranks["F"][0]],
     )
-    for row in (0, 1):  # A and B finished: their rows take step 1's new requests
-        runner.kv_cache.free(row)
-    second = runner.execute_model_async([Request(r, p) for r, p in STEP_1.items()])
-    expected = [ranks["A"][1], ranks["B"][0]], [ranks["C"][0], ranks["D"][0]]
+    what = (
+        f"step 0 tokens of A (allowed {allowed['A']}), B",
+        f"step 1 tokens of C, D (allowed {allowed['D']})",
+        "step 2 tokens of E, F",
+    )
     expect_all(
         [
-            token_problems(
-                f"step 0 tokens of A (allowed {allowed}), B", first.get_output(), expected[0]
-            ),
-            token_problems("step 1 tokens of C, D", second.get_output(), expected[1]),
+            token_problems(w, out.get_output(), e)
+            for w, out, e in zip(what, steps, expected, strict=True)
         ]
     )
-    return f"A sampled {expected[0][0]} of its allowed {allowed} while step 1 was prepared"
+    return (
+        f"A sampled {expected[0][0]} of its allowed {allowed['A']}, D {expected[1][1]} of "
+        f"{allowed['D']}, with three steps in flight"
+    )

@@ -69,8 +69,15 @@ RECORD = BugRecord(
             (Expect(frozenset({PART}), ASSERT),),
             axes=Axes(
                 graph_modes=("NONE",),
-                # B (then C) preempted with its step in flight, prefilled again from position 0
-                states=("resumed after preemption", "two steps in flight"),
+                # B (then C) preempted with its step in flight, prefilled again from position 0;
+                # then B skipped by the token budget for a step, scheduled again at position 2
+                # beside A's decodes of two drafts
+                states=(
+                    "resumed after preemption",
+                    "resumed at a later position",
+                    "two steps in flight",
+                    "several drafts",
+                ),
             ),
             cpu_signature=SIGNATURE,
         ),
@@ -113,7 +120,12 @@ RECORD = BugRecord(
         "placeholders of sampled tokens only (no draft tokens); the worker's rows never learn a "
         "sampled token on the host, so a resumed request's whole re-prefill is placeholders "
         "past its prompt; the fix takes the scheduler's (host) tokens for a request with no "
-        "previous-step row. On the GPU the assert surfaces at the next host sync (the step's "
+        "previous-step row. The skip: the scheduler's token budget (upstream: "
+        "max_num_scheduled_tokens) skips a running request whose decode does not fit what the "
+        "requests before it left (with drafts, a decode launched on one in flight takes 1 + "
+        "num_spec_tokens); it is scheduled again at its count, past position 0 (the budget "
+        "skip of #37629, here with the sampled token's placeholder). On the GPU the assert "
+        "surfaces at the next host sync (the step's "
         "sampled tokens read by the engine): device_assert on both devices."
     ),
 )

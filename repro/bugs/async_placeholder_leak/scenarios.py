@@ -18,6 +18,10 @@ PROMPTS = {"A": (5, 9, 13), "B": (2, 7, 11)}
 MAX_TOKENS = 4
 # a second run: A runs on (seven tokens) while B finishes and C, preempted, resumes beside it
 ALONGSIDE = {"A": ((5,), 7), "B": ((2, 7, 11), MAX_TOKENS), "C": ((3, 8, 12), MAX_TOKENS)}
+# a third run: two drafts per decode and a budget of four tokens a step: B, whose decode needs
+# three while A's takes three, is skipped for a step and scheduled again at position 2
+SKIPPED = {"A": ((5, 9), MAX_TOKENS), "B": ((2, 7), 2)}
+NUM_SPEC_TOKENS, BUDGET = 2, 4
 
 
 def async_config(ctx: Context, num_reqs: int = 2, num_kv_blocks: int = 3) -> RunnerConfig:
@@ -39,11 +43,16 @@ def async_config(ctx: Context, num_reqs: int = 2, num_kv_blocks: int = 3) -> Run
 
 
 def _serve(
-    ctx: Context, requests: dict[str, tuple[tuple[int, ...], int]], num_kv_blocks: int
+    ctx: Context,
+    requests: dict[str, tuple[tuple[int, ...], int]],
+    num_kv_blocks: int,
+    num_spec_tokens: int = 0,
+    budget: int = 0,
 ) -> tuple[ModelRunner, AsyncEngine, dict[str, int]]:
-    """Serve `requests` (prompt, max tokens) one step ahead; the preemptions per request."""
+    """Serve `requests` (prompt, max tokens) one step ahead, with `num_spec_tokens` drafts per
+    decode and a token budget per step (0: none); the preemptions per request."""
     runner = ModelRunner(async_config(ctx, len(requests), num_kv_blocks))
-    scheduler = AsyncScheduler(runner.kv_cache, ctx.fixes)
+    scheduler = AsyncScheduler(runner.kv_cache, ctx.fixes, num_spec_tokens, budget)
     for req_id, (prompt, max_tokens) in requests.items():
         scheduler.add_request(req_id, prompt, max_tokens)
     engine = AsyncEngine(runner, scheduler)
@@ -69,12 +78,20 @@ def resumed_after_preemption(ctx: Context) -> str:
     step 6, beside A's decode, after a step 5 that held A alone; A and C then decode once more
     together.
 
+    A third run skips a request for a step and schedules it again past position 0 (upstream:
+    the token budget, max_num_scheduled_tokens, with speculative decoding): two drafts per
+    decode, a budget of four tokens a step, A and B (two-token prompts; four tokens, two) on
+    four blocks per group. Step 1 prefills both; step 2 decodes A (its sampled token and two
+    drafts: three tokens) and skips B, whose decode would take three more; step 3, step 2 in
+    flight, decodes A (three tokens) and B at position 2 (one token: its sampled token, on the
+    host by then), in a step whose previous one did not hold B.
+
     Fixed: the worker takes B's (and C's) tokens from the host (its own row holds -1 where
     each sampled token went); every step's logits match the float64 reference of the host
     tokens.
     Buggy: B's row (in the second run C's) keeps its placeholders and no previous-step row
     fills them: -1 reaches the embedding's gather (a device-side assert on the GPU, "index out
-    of range in self" on the CPU).
+    of range in self" on the CPU); in the third run, B's token at position 2.
     """
     runner, engine, preempted = _serve(
         ctx, {r: (p, MAX_TOKENS) for r, p in PROMPTS.items()}, num_kv_blocks=3
@@ -85,7 +102,13 @@ def resumed_after_preemption(ctx: Context) -> str:
     runner, engine, preempted = _serve(ctx, ALONGSIDE, num_kv_blocks=4)
     assert preempted == {"A": 0, "B": 0, "C": 1}, f"trigger not reached: preemptions {preempted}"
     expect_all(engine_problems(runner, engine))
+    alongside = len(engine.steps)
+    runner, engine, preempted = _serve(ctx, SKIPPED, 4, NUM_SPEC_TOKENS, BUDGET)
+    held = [[(q.req_id, q.num_computed_tokens) for q in step.requests] for step in engine.steps]
+    skipped = [[("A", 0), ("B", 0)], [("A", 2)], [("A", 5), ("B", 2)]]
+    assert held == skipped, f"trigger not reached: steps {held}, not {skipped}"
+    expect_all(engine_problems(runner, engine))
     return (
-        f"{steps} steps, B resumed after one preemption; {len(engine.steps)} steps, C resumed "
-        "beside A: logits as the reference"
+        f"{steps} steps, B resumed after one preemption; {alongside} steps, C resumed beside A; "
+        f"{len(engine.steps)} steps, B skipped once: logits as the reference"
     )

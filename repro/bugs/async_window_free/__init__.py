@@ -69,13 +69,15 @@ RECORD = BugRecord(
             (Expect(frozenset({PART}), WRONG),),
             axes=Axes(
                 graph_modes=("NONE",),
-                # two drafts rejected once; one draft rejected by steps 1-3; blocks of 2 tokens
+                # two drafts rejected once; one draft rejected by steps 1-4, under a window of
+                # 3 tokens; blocks of 2 tokens
                 states=(
                     "several drafts",
                     "one draft",
                     "rejections in a row",
                     "two steps in flight",
                     "running request grows into a new block",
+                    "window not block-aligned",
                 ),
             ),
             signature=SIGNATURE,

@@ -17,13 +17,14 @@ from harness.runner.model_runner import ModelRunner, RunnerConfig, runner_config
 PROMPT = (5, 9, 13)
 NUM_SPEC_TOKENS = 2
 REJECT_STEP = 1  # the second launched step (the first decode) rejects both drafts
-# a second run: one draft, rejected by three decodes in a row (launched steps 1-3), 5 tokens
-ONE_DRAFT, REJECT_RUN, RUN_TOKENS = 1, (1, 2, 3), 5
+# a second run: one draft, rejected by four decodes in a row (launched steps 1-4), 6 tokens,
+# a window of 3 tokens (no multiple of the blocks' 2)
+ONE_DRAFT, REJECT_RUN, RUN_TOKENS, RUN_WINDOW = 1, (1, 2, 3, 4), 6, 3
 
 
-def window_config(ctx: Context) -> RunnerConfig:
-    """An eager runner (no LoRA, no graphs) whose attention sees the last 2 tokens, in blocks
-    of 2 tokens (both groups)."""
+def window_config(ctx: Context, window: int = 2) -> RunnerConfig:
+    """An eager runner (no LoRA, no graphs) whose attention sees the last `window` tokens, in
+    blocks of 2 tokens (both groups)."""
     return runner_config(
         ctx.device,
         ctx.fixes,
@@ -35,7 +36,7 @@ def window_config(ctx: Context) -> RunnerConfig:
         max_model_len=12,
         block_sizes=(2, 2),
         num_kv_blocks=8,
-        sliding_window=2,
+        sliding_window=window,
     )
 
 
@@ -47,36 +48,43 @@ def rejected_drafts_after_window_free(ctx: Context) -> str:
     the optimistic count 6 (step 2's three tokens included); the device then starts it at
     position 4 (two drafts rejected), and its first query attends positions 3 and 4.
 
-    A second run has one draft per decode, rejected three times in a row (steps 2-4), five
-    tokens: each decode is scheduled while the previous one, which will be rolled back, is in
-    flight, and the free must follow the count across successive rollbacks. Step 3 is scheduled
-    on the optimistic count 5 (step 2's two tokens included) and starts at position 4 (its
-    first query attends positions 3 and 4); steps 4 and 5 start one position on each (5, 6).
+    A second run has one draft per decode, rejected four times in a row (steps 2-5), six
+    tokens, and a window of 3, which is no multiple of the blocks' 2: each decode is scheduled
+    while the previous one, which will be rolled back, is in flight, and the free must follow
+    the count across successive rollbacks. Step 3 is scheduled on the optimistic count 5 and
+    starts at position 4 (its first query attends positions 2-4); step 4 on the optimistic
+    count 6 (step 3's two tokens included, one of them rejected) starts at position 5 (it
+    attends positions 3-5); steps 5 and 6 start one position on each (6, 7).
 
     Fixed: the blocks out of the window are freed on the processed count, 6 - 3 = 3: block 0
-    (positions 0, 1) only (in the second run 5 - 2 = 3 at step 3, and so on: never a block the
-    next step's window reaches); every step's logits match the float64 reference.
+    (positions 0, 1) only (in the second run 6 - 2 = 4 at step 4, whose window starts at
+    position 2: block 0 again; never a block the next step's window reaches); every step's
+    logits match the float64 reference.
     Buggy: freed on the optimistic count 6: blocks 0 and 1 (positions 0-3); position 3 is read
     through the null block, which holds NaN (poison): NaN logits at step 3, no error, on both
-    devices (in the second run the same at step 3: count 5, blocks 0 and 1 freed).
+    devices (in the second run at step 4: count 6, window start 4, blocks 0 and 1 freed).
     """
     runner, engine = _serve(ctx, NUM_SPEC_TOKENS, (REJECT_STEP,), 3)
     assert len(engine.steps) == 3, f"trigger not reached: {len(engine.steps)} steps, not 3"
     expect_all(engine_problems(runner, engine))
     starts = [int(step.positions[0]) for step in engine.steps]
-    runner, engine = _serve(ctx, ONE_DRAFT, REJECT_RUN, RUN_TOKENS)
-    assert len(engine.steps) == 5, f"trigger not reached: {len(engine.steps)} steps, not 5"
+    runner, engine = _serve(ctx, ONE_DRAFT, REJECT_RUN, RUN_TOKENS, RUN_WINDOW)
+    assert len(engine.steps) == 6, f"trigger not reached: {len(engine.steps)} steps, not 6"
     expect_all(engine_problems(runner, engine))
     run = [int(step.positions[0]) for step in engine.steps]
     return f"steps start at positions {starts}, then {run}: the window read live blocks only"
 
 
 def _serve(
-    ctx: Context, num_spec_tokens: int, reject_steps: tuple[int, ...], max_tokens: int
+    ctx: Context,
+    num_spec_tokens: int,
+    reject_steps: tuple[int, ...],
+    max_tokens: int,
+    window: int = 2,
 ) -> tuple[ModelRunner, AsyncEngine]:
     """PROMPT served one step ahead for `max_tokens` tokens, the drafts of `reject_steps`
-    (launched-step indices) rejected."""
-    runner = ModelRunner(window_config(ctx))
+    (launched-step indices) rejected, under a sliding window of `window` tokens."""
+    runner = ModelRunner(window_config(ctx, window))
     scheduler = AsyncScheduler(runner.kv_cache, ctx.fixes, num_spec_tokens)
     scheduler.add_request("R", PROMPT, max_tokens)
     engine = AsyncEngine(runner, scheduler, reject_steps=reject_steps)
