@@ -168,7 +168,7 @@ def main(request: dict, started: float) -> None:
     devices.activate(spec["device"])
     timings: dict[str, float] = {}
     if spec.get("ranks", 1) > 1:  # this child coordinates the scenario's rank processes
-        report = ranks.coordinate(request, started, timings)
+        report = ranks.coordinate(request, started, timings, spawned_rank)
     else:
         report = run(spec, started, timings)
     if "startup_s" in timings:

@@ -37,10 +37,12 @@ import contextlib
 import faulthandler
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,8 +54,12 @@ RANK_BOOT = (
     "import sys; sys.path[:] = [sys.argv[1], *(p for p in sys.path if p)]; "
     "from harness.child import spawned_rank; spawned_rank(sys.argv[2])"
 )
+RankMain = Callable[[str], None]  # a rank's entry point, given its request as JSON
 SOCKET_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 POLL_S = 0.02  # how often the coordinator reads the ranks' traces and exits
+# the backends' words for a peer that went away (gloo's TCP pair, NCCL's abort)
+PEER_LOST = re.compile(r"Connection (reset|closed) by peer|remote process exited|aborted", re.I)
+CAUSE_WAIT_S = 2.0  # after a rank fails: the others' time to exit (so the cause is seen)
 PG_TIMEOUT_GRACE_S = 30.0  # the process group's timeout is past the run's own limit
 DUMP_WAIT_S = 0.3  # after forwarding SIGUSR1, time for the ranks to write their stacks
 REAP_S = 10.0  # a killed rank stuck in the driver: give up on its exit status
@@ -232,7 +238,7 @@ def _may_fork(spec: dict) -> bool:
     return spec["device"] == "cpu" or not torch.cuda.is_initialized()
 
 
-def _fork(rank_request: dict, log: Path, env: dict[str, str]) -> _Forked:
+def _fork(rank_request: dict, log: Path, env: dict[str, str], rank_main: RankMain) -> _Forked:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -246,9 +252,7 @@ def _fork(rank_request: dict, log: Path, env: dict[str, str]) -> _Forked:
         os.dup2(null, 0)
         os.environ.update(env)
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
-        from harness.child import spawned_rank
-
-        spawned_rank(json.dumps(rank_request))
+        rank_main(json.dumps(rank_request))
     finally:
         os._exit(70)  # main never returns; an exception before it: the rank failed
 
@@ -263,7 +267,9 @@ class _Rank:
     returncode: int | None = None
 
 
-def _spawn(request: dict, spec: dict, rank: int, n: int, directory: Path) -> _Rank:
+def _spawn(
+    request: dict, spec: dict, rank: int, n: int, directory: Path, rank_main: RankMain
+) -> _Rank:
     paths = {
         "log": directory / f"rank-{rank}.log",
         "report": directory / f"rank-{rank}.json",
@@ -286,7 +292,7 @@ def _spawn(request: dict, spec: dict, rank: int, n: int, directory: Path) -> _Ra
     }
     loopback = {name: os.environ.get(name, "lo") for name in SOCKET_ENV}  # loopback only
     if _may_fork(spec):
-        proc = _fork(rank_request, paths["log"], loopback)
+        proc = _fork(rank_request, paths["log"], loopback, rank_main)
         return _Rank(rank, proc, paths["log"], paths["report"], paths["trace"])
     env = {**os.environ, **loopback}
     coordinator = os.getpid()
@@ -317,7 +323,8 @@ def _log(rank: _Rank) -> str:
 
 
 class _Coordinator:
-    def __init__(self, request: dict) -> None:
+    def __init__(self, request: dict, rank_main: RankMain) -> None:
+        self.rank_main = rank_main
         self.request, self.spec = request, request["spec"]
         self.n = int(self.spec["ranks"])
         self.directory = Path(request["report"]).parent / "ranks"
@@ -330,28 +337,44 @@ class _Coordinator:
         signal.signal(signal.SIGUSR1, self._dump_stacks)
         try:
             for rank in range(self.n):
-                self.ranks.append(_spawn(self.request, self.spec, rank, self.n, self.directory))
+                args = (self.request, self.spec, rank, self.n, self.directory, self.rank_main)
+                self.ranks.append(_spawn(*args))
             return self._watch()
         finally:
             self._kill_all()
             self._print_logs()
 
     def _watch(self) -> dict:
+        failed_at = None
         while True:
-            for r in self.ranks:
-                if r.returncode is None and r.proc.poll() is not None:
-                    r.returncode = r.proc.returncode
-                    self.order.append(r.rank)
+            self._reap()
             traces = self._traces()
             mismatch = first_divergence(traces)
-            if mismatch is not None:
+            if mismatch is not None and failed_at is None:
                 return self._mismatch(mismatch)
             failed = [r for r in self._exited() if not self._passed(r)]
-            if failed:
-                return self._failed(failed[0])
-            if all(r.returncode is not None for r in self.ranks):
+            if failed and failed_at is None:
+                failed_at = time.monotonic()
+            done = all(r.returncode is not None for r in self.ranks)
+            if failed and (done or time.monotonic() - failed_at > CAUSE_WAIT_S):
+                return self._failed(min(failed, key=self._cause_first))
+            if done:
                 return self._passed_all()
             time.sleep(POLL_S)
+
+    def _reap(self) -> None:
+        for r in self.ranks:
+            if r.returncode is None and r.proc.poll() is not None:
+                r.returncode = r.proc.returncode
+                self.order.append(r.rank)
+
+    def _cause_first(self, rank: _Rank) -> tuple[bool, int]:
+        """A failed rank's place in the choice of the run's outcome: a rank whose collective
+        lost its peer (the backend's connection reset or closed by a rank that died) shows an
+        effect, whichever exited first; among the others, the first to exit is the cause."""
+        report = _read_json(rank.report) or {}
+        lost = report.get("status") == "exception" and PEER_LOST.search(report.get("message", ""))
+        return (bool(lost), self.order.index(rank.rank))
 
     def _exited(self) -> list[_Rank]:
         return [self.ranks[i] for i in self.order]
@@ -441,11 +464,14 @@ class _Coordinator:
         faulthandler.dump_traceback(all_threads=True)
 
 
-def coordinate(request: dict, started: float, timings: dict[str, float]) -> dict:
-    """In the scenario child: run the request's ranks, return the run's report."""
+def coordinate(
+    request: dict, started: float, timings: dict[str, float], rank_main: RankMain
+) -> dict:
+    """In the scenario child: run the request's ranks, return the run's report. `rank_main`
+    (harness.child.spawned_rank) is a forked rank's entry point; a spawned one names it."""
     timings["startup_s"] = time.monotonic() - started
     try:
-        return _Coordinator(request).run()
+        return _Coordinator(request, rank_main).run()
     except Exception as e:  # the coordinator itself broke: cannot test
         import traceback
 

@@ -29,7 +29,7 @@ def run(variant: str) -> tuple[str, float]:
 def test_buggy_ranks_disagree_on_their_collectives() -> None:
     out, _ = run("buggy")
     assert "zero_token_rank_steps: collective_mismatch (as expected" in out, out
-    assert "step 1: rank 0 all_reduce(dp, (2,), int32) vs rank 1 nothing" in out, out
+    assert "step 0: rank 0 all_reduce(dp, (2,), int32) vs rank 1 nothing" in out, out
     assert "torch imported: False" in out, out
 
 

@@ -20,10 +20,10 @@ PROMPTS = ((1, 2, 3), (4, 5))  # rank r's one request
 # per step, whether each rank's scheduler gives its request tokens (a rank without: its
 # request waits, unfinished: async scheduling's zero-token step, or a grammar compiling)
 PLAN = (
+    ("rank 0 only", (True, False)),  # rank 1 idle at its first step: no agreement before
     ("both", (True, True)),
-    ("rank 0 only", (True, False)),
     ("rank 1 only", (False, True)),
-    ("both", (True, True)),
+    ("rank 0 only", (True, False)),
     ("neither", (False, False)),  # every rank idle at once (#29433's case)
     ("both", (True, True)),
 )
@@ -31,9 +31,10 @@ DUMMY_TOKENS = 1  # an idle rank's dummy step (upstream: _dummy_run(1))
 
 
 def zero_token_rank_steps(ctx: Context) -> str:
-    """Two data-parallel ranks, one request each, walk six steps: both ranks with tokens,
-    rank 0 with tokens and rank 1 with none (its request waits), the reverse, both, neither
-    (every rank idle at once), both. Each step the ranks first agree on the unfinished
+    """Two data-parallel ranks, one request each, walk six steps: rank 0 with tokens and
+    rank 1 with none at the first step (its request waits from the start, before any
+    agreement), both, the reverse (rank 1 only), rank 0 only again, neither (every rank idle
+    at once), both. Each step the ranks first agree on the unfinished
     requests across them (an all-reduce of one count), then each runs its step, whose start
     agrees with the other rank on each rank's token count (an all-reduce of one count per
     rank; upstream: coordinate_batch_across_dp). Each rank checks its logits against the
@@ -45,7 +46,7 @@ def zero_token_rank_steps(ctx: Context) -> str:
     before the agreement, ends its step and enters the next step's unfinished-count
     all-reduce (4 bytes) while its peer waits in the token-count all-reduce (8 bytes): the
     ranks' collectives disagree (upstream: gloo's "EnforceNotMet ... 8 vs 4", or a hang), the
-    coordinator's trace comparison names it: collective_mismatch at step 1.
+    coordinator's trace comparison names it: collective_mismatch at step 0.
     """
     if ctx.world_size != 2:
         raise RuntimeError(f"runs as 2 ranks (Scenario.ranks), got world size {ctx.world_size}")
