@@ -50,6 +50,7 @@ FIELDS = (
     "status",
     "fidelity",
     "fuzz",
+    "ranks",
 )
 UNDER_TEST = ("kernels/", "csrc/", "harness/runner/")  # the code under test: where fixes live
 TRACE_TIMEOUT_S = 600.0
@@ -270,6 +271,7 @@ def row(bug: BugRecord) -> dict[str, str]:
         "status": "active",
         "fidelity": bug.fidelity.grade if bug.fidelity else "",
         "fuzz": "target" if not bug.fuzz else bug.fuzz.split(":")[0],
+        "ranks": str(max(s.ranks for s in bug.scenarios)),  # the world size its scenarios need
     }
 
 
