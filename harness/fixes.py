@@ -88,6 +88,10 @@ class Fix(enum.Enum):
     # rank with zero scheduled tokens runs a one-token dummy step, so it joins the step's
     # all-reduce of token counts across DP ranks, before returning its empty output
     DP_ZERO_TOKEN_DUMMY_RUN = "dp_zero_token_dummy_run"
+    # vLLM #17929 (rank_rng_divergence; issue #17498; relatives #31288, #31307 broadcast rank
+    # 0's ngram drafts instead): an unset engine seed defaults to 0, so every tensor-parallel
+    # worker seeds its sampling alike and the ranks accept the same drafts
+    SEED_DEFAULT_ZERO = "seed_default_zero"
 
 
 Variant = frozenset[Fix]

@@ -97,6 +97,8 @@ STATES = (
     # ranks (Scenario.ranks > 1)
     "one DP rank idle, its peer busy",  # zero scheduled tokens on one rank, tokens on another
     "every DP rank idle at once",  # zero scheduled tokens on every rank, requests unfinished
+    # each TP rank draws its own acceptance uniforms for the same drafts, the engine seed unset
+    "TP ranks sample drafts' acceptance, seed unset",
 )
 
 

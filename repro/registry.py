@@ -29,6 +29,7 @@ from repro.bugs import (
     moe_pad_sentinel,
     pad_slot_negative_index,
     partial_wake_forward,
+    rank_rng_divergence,
     sleep_prefix_cache,
     spec_capture_state,
     spec_prewarm_captured_state,
@@ -67,6 +68,7 @@ BUGS: tuple[BugRecord, ...] = (
     async_placeholder_leak.RECORD,
     async_window_free.RECORD,
     # ranks that must agree (issue 43), in upstream fix order
+    rank_rng_divergence.RECORD,
     dp_zero_token_skip.RECORD,
 )
 

@@ -222,6 +222,17 @@ REQUIRED_AXES = {
         "graph_modes": {"NONE"},
         "states": {"one DP rank idle, its peer busy", "every DP rank idle at once"},
     },
+    # TP ranks that must sample alike: a rank accepting a draft its peer rejects (one draft and
+    # several), and steps that reject in a row after the ranks agreed
+    "rank_rng_divergence": {
+        "graph_modes": {"NONE"},
+        "states": {
+            "one draft",
+            "several drafts",
+            "rejections in a row",
+            "TP ranks sample drafts' acceptance, seed unset",
+        },
+    },
 }
 
 

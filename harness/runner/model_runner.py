@@ -13,7 +13,9 @@ scheduling's sampling (async_output.py, on streams.py's copy stream; `execute_mo
 holds those of vLLM #25279 and #29623. Under data parallelism (RunnerConfig.parallel, the
 collectives of parallel.py) every step, dummy runs included, first agrees with the other DP
 ranks on each rank's token count (upstream: coordinate_batch_across_dp); the fix part of vLLM
-#28774 keeps a rank with zero scheduled tokens in that agreement.
+#28774 keeps a rank with zero scheduled tokens in that agreement. A verify step of speculative
+decoding (execute_spec_step) draws its acceptance uniforms from the runner's sampling generator,
+whose seed holds the fix part of vLLM #17929 (an unset seed is 0 on every tensor-parallel rank).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from harness.runner.lora import (
 from harness.runner.mamba import update_conv_state
 from harness.runner.model import ModelConfig, TinyLoRADecoder, rms_norm
 from harness.runner.parallel import Collectives, ParallelConfig
+from harness.runner.rejection_sampler import SpecStep, rejection_sample
 from harness.runner.sleep_mode import TaggedPools, make_pools
 from harness.runner.speculator import DraftPrefill
 from kernels.paged_attention import reshape_and_cache, zero_kv_blocks
@@ -115,6 +118,9 @@ class SpecConfig:
     draft_graphs: bool = False
     # a cache-only layer stores each token's hidden state (extract_hidden_states.py)
     extract_hidden_states: bool = False
+    # drafts verified by rejection sampling (rejection_sampler.py: execute_spec_step), each
+    # step's acceptance drawn from the runner's sampling generator
+    rejection_sampling: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +157,8 @@ class RunnerConfig:
     max_num_reqs: int = 8
     max_model_len: int = 32
     prompt_logprobs: bool = False  # each step's log-softmax of every token's logits
+    # the engine's seed of its sampling (upstream: ModelConfig.seed); None: unset
+    seed: int | None = None
     cache: CacheConfig = CacheConfig()
     attention: AttentionConfig = AttentionConfig()
     graphs: GraphConfig = GraphConfig()
@@ -260,6 +268,20 @@ class ModelRunner:
         )
         self.capture_attn: dict[BatchExecutionDescriptor, AttentionMetadata] = {}
         self.tuned: set[tuple[bool, int]] = set()  # (capture path?, size) tuned on a first call
+        self.rejection_generator = self._sampling_generator() if c.spec.rejection_sampling else None
+
+    def _sampling_generator(self) -> torch.Generator:
+        """The generator of the runner's random draws, seeded with the engine's seed (upstream:
+        the worker's set_random_seed at start-up). An unset seed leaves each worker with its
+        process's own random state: each tensor-parallel rank draws differently."""
+        c, seed = self.config, self.config.seed
+        if seed is None and Fix.SEED_DEFAULT_ZERO in self.fixes:
+            # fix: seed_default_zero -- an unset seed is 0 on every worker, so the TP ranks
+            # draw the same uniforms and accept the same drafts
+            seed = 0
+        if seed is None:
+            seed = torch.initial_seed()  # NOTE: the process's own state (each rank's own)
+        return torch.Generator(c.device).manual_seed(seed)
 
     def _builder_block_sizes(self) -> tuple[int, ...]:
         """The block size each group's attention metadata builder is given."""
@@ -427,6 +449,27 @@ class ModelRunner:
         hidden = torch.empty(0, m.hidden_size, dtype=dtype, device=self.device)
         logits = torch.empty(0, m.vocab_size, dtype=dtype, device=self.device)
         return ModelOutput(hidden, logits)
+
+    def execute_spec_step(
+        self, request: Request, draft_ids: list[int], draft_probs: list[float]
+    ) -> SpecStep:
+        """A verify step of one request whose token_ids end with its drafts (none: a prefill):
+        the target's logits at the last token before the drafts and at each draft, rejection
+        sampling with this step's uniforms, then the drafter's first tensor-parallel layer on
+        the hidden states kept (upstream: EAGLE's prepare_inputs drops the rejected tokens, so
+        its input, and the all-reduce of its row-parallel layer, has as many rows as the ranks
+        kept: ranks that accepted differently disagree on its shape)."""
+        k, n = len(draft_ids), len(request.token_ids)
+        out = self.execute_model([request], use_cudagraph=False)
+        logits = out.hidden_states[n - k - 1 :] @ self.model.head.T  # [k + 1, vocab]
+        uniforms = torch.zeros(0)
+        if k:
+            uniforms = torch.rand(k, generator=self.rejection_generator, device=self.device)
+        tokens, accepted = rejection_sample(logits, draft_ids, draft_probs, uniforms.cpu())
+        tp = self.config.parallel.tensor_parallel_size
+        kept = out.hidden_states[: n - k + accepted] / tp  # each TP rank's partial sum
+        self.collectives.all_reduce(kept, "tp")
+        return SpecStep(tokens, accepted, kept)
 
     def execute_model_async(self, requests: list[Request]) -> AsyncOutput:
         """Async scheduling's step: returns before the device has sampled it."""
