@@ -88,6 +88,10 @@ class Fix(enum.Enum):
     # rank with zero scheduled tokens runs a one-token dummy step, so it joins the step's
     # all-reduce of token counts across DP ranks, before returning its empty output
     DP_ZERO_TOKEN_DUMMY_RUN = "dp_zero_token_dummy_run"
+    # vLLM #40589 (dp_drafter_boundary_hang; issue #44185 and its fix #44954, open; vllm-ascend
+    # #16514): a DP rank whose batch cannot take its drafts near max_model_len still runs the
+    # drafter's dummy steps, so it joins the draft steps' agreements of the ranks that draft
+    DP_DRAFTER_DUMMY_RUN = "dp_drafter_dummy_run"
 
 
 Variant = frozenset[Fix]

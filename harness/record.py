@@ -97,6 +97,10 @@ STATES = (
     # ranks (Scenario.ranks > 1)
     "one DP rank idle, its peer busy",  # zero scheduled tokens on one rank, tokens on another
     "every DP rank idle at once",  # zero scheduled tokens on every rank, requests unfinished
+    # a batch past the drafter's limit (its longest sequence plus the drafts over
+    # max_model_len: no drafts) on one DP rank while another's batch drafts, and on every rank
+    "one DP rank past the drafter's limit, its peer drafting",
+    "every DP rank past the drafter's limit at once",
 )
 
 

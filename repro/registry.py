@@ -13,6 +13,7 @@ from repro.bugs import (
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
+    dp_drafter_boundary_hang,
     dp_zero_token_skip,
     graph_output_alias,
     input_batch_swap_alias,
@@ -68,6 +69,7 @@ BUGS: tuple[BugRecord, ...] = (
     async_window_free.RECORD,
     # ranks that must agree (issue 43), in upstream fix order
     dp_zero_token_skip.RECORD,
+    dp_drafter_boundary_hang.RECORD,
 )
 
 
