@@ -92,6 +92,10 @@ class Fix(enum.Enum):
     # 0's ngram drafts instead): an unset engine seed defaults to 0, so every tensor-parallel
     # worker seeds its sampling alike and the ranks accept the same drafts
     SEED_DEFAULT_ZERO = "seed_default_zero"
+    # vLLM #40589 (dp_drafter_boundary_hang; issue #44185 and its fix #44954, open; vllm-ascend
+    # #16514): a DP rank whose batch cannot take its drafts near max_model_len still runs the
+    # drafter's dummy steps, so it joins the draft steps' agreements of the ranks that draft
+    DP_DRAFTER_DUMMY_RUN = "dp_drafter_dummy_run"
 
 
 Variant = frozenset[Fix]

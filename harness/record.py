@@ -99,6 +99,10 @@ STATES = (
     "every DP rank idle at once",  # zero scheduled tokens on every rank, requests unfinished
     # each TP rank draws its own acceptance uniforms for the same drafts, the engine seed unset
     "TP ranks sample drafts' acceptance, seed unset",
+    # a batch past the drafter's limit (its longest sequence plus the drafts over
+    # max_model_len: no drafts) on one DP rank while another's batch drafts, and on every rank
+    "one DP rank past the drafter's limit, its peer drafting",
+    "every DP rank past the drafter's limit at once",
 )
 
 

@@ -13,6 +13,7 @@ from repro.bugs import (
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
+    dp_drafter_boundary_hang,
     dp_zero_token_skip,
     graph_output_alias,
     input_batch_swap_alias,
@@ -70,6 +71,7 @@ BUGS: tuple[BugRecord, ...] = (
     # ranks that must agree (issue 43), in upstream fix order
     rank_rng_divergence.RECORD,
     dp_zero_token_skip.RECORD,
+    dp_drafter_boundary_hang.RECORD,
 )
 
 

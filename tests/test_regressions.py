@@ -233,6 +233,16 @@ REQUIRED_AXES = {
             "TP ranks sample drafts' acceptance, seed unset",
         },
     },
+    # a drafter's collectives among DP ranks near max_model_len: either rank past the limit
+    # while the other drafts, both past it, and past it while the peer idles
+    "dp_drafter_boundary_hang": {
+        "graph_modes": {"NONE"},
+        "states": {
+            "one DP rank past the drafter's limit, its peer drafting",
+            "every DP rank past the drafter's limit at once",
+            "one DP rank idle, its peer busy",
+        },
+    },
 }
 
 

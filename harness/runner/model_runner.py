@@ -16,6 +16,8 @@ ranks on each rank's token count (upstream: coordinate_batch_across_dp); the fix
 #28774 keeps a rank with zero scheduled tokens in that agreement. A verify step of speculative
 decoding (execute_spec_step) draws its acceptance uniforms from the runner's sampling generator,
 whose seed holds the fix part of vLLM #17929 (an unset seed is 0 on every tensor-parallel rank).
+A drafter (drafter.py) agrees on each draft step's batch too; vLLM #40589's fix part keeps a
+rank whose batch cannot take its drafts near max_model_len in those agreements.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from harness.runner.cudagraph import (
     Launcher,
     host_sync,
 )
+from harness.runner.drafter import Drafter
 from harness.runner.extract_hidden_states import CacheOnlyLayer
 from harness.runner.flashmla import DraftAttention, DraftInputs, FlashMLABackend, FlashMLASchedMeta
 from harness.runner.input_batch import (
@@ -121,6 +124,8 @@ class SpecConfig:
     # drafts verified by rejection sampling (rejection_sampler.py: execute_spec_step), each
     # step's acceptance drawn from the runner's sampling generator
     rejection_sampling: bool = False
+    # a drafter's tokens per request after each step (drafter.py; 0: none)
+    num_speculative_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +206,7 @@ class ModelOutput:
     desc: BatchExecutionDescriptor | None = None  # the graph that ran; None: eager
     req_ids: tuple[str, ...] = ()  # a real step's requests, in the rows of `logits`
     prompt_logprobs: torch.Tensor | None = None  # [num_tokens, vocab], read after the step
+    drafts: torch.Tensor | None = None  # [num_reqs, k] int64, the drafter's (drafter.py)
 
 
 class ModelRunner:
@@ -257,6 +263,18 @@ class ModelRunner:
             else None
         )
         self.cache_only, self.speculator = self._hidden_state_readers()
+        self.drafter = (
+            Drafter(
+                self.model,
+                c.spec.num_speculative_tokens,
+                c.max_model_len,
+                c.parallel,
+                self.collectives,
+                self.fixes,
+            )
+            if c.spec.num_speculative_tokens
+            else None
+        )
         self.lora_manager = LoRAManager(
             LoRAModelManager(m.max_loras, m.vocab_size, self._punica_wrappers(), self.fixes)
         )
@@ -386,6 +404,8 @@ class ModelRunner:
         `prev_sampled` fills a scheduler's placeholders on the device (async_inputs.py)."""
         if dummy_run:
             self._coordinate_dp(num_tokens)  # a dummy run joins the ranks' agreement too
+            if self.drafter is not None:  # upstream: _dummy_run runs the drafter's dummy too
+                self.drafter.dummy_run(num_tokens)
             batch = self.input_buffers.dummy(num_tokens, num_reqs)
             self._set_dummy_lora_state(num_tokens, num_reqs)
             return self._eager(batch, self.kv_cache.metadata(batch))
@@ -428,6 +448,8 @@ class ModelRunner:
         out = self._eager(batch, attn) if desc is None else self._replay(desc, batch)
         logits = self.sampling.apply(out.logits) if restricted else out.logits
         out = replace(out, logits=logits, req_ids=tuple(q.req_id for q in requests))
+        if self.drafter is not None:
+            out = replace(out, drafts=self.drafter.propose(requests, out.logits))
         return self._read_prompt_logprobs(out)
 
     def _coordinate_dp(self, num_tokens: int) -> None:
