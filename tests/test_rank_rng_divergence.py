@@ -85,4 +85,4 @@ def test_buggy_ranks_disagree_at_the_drafters_all_reduce() -> None:
 def test_fixed_ranks_pass_over_gloo() -> None:
     out = run("fixed")
     assert "tp_ranks_verify_drafts: pass (as expected" in out, out
-    assert "2 ranks, torch.distributed gloo on cpu" in out, out
+    assert "4 ranks, torch.distributed gloo on cpu" in out, out

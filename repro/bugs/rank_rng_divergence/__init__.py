@@ -92,7 +92,7 @@ RECORD = BugRecord(
                 r"step 1: rank \d all_reduce\(tp, \(\d+, \d+\), \w+\) vs rank \d "
                 r"all_reduce\(tp, \(\d+, \d+\), \w+\)"
             ),
-            ranks=2,
+            ranks=4,  # DP 2 x TP 2: the fix holds under data parallelism too
         ),
     ),
     package=__name__,

@@ -84,10 +84,12 @@ def _probs(runner: ModelRunner, tokens: list[int], head: torch.Tensor) -> torch.
 
 
 def tp_ranks_verify_drafts(ctx: Context) -> str:
-    """Two tensor-parallel ranks serve one request with speculative decoding and an unset
-    engine seed, each in its own engine loop (an external launcher's layout, no broadcast of
-    rank 0's results). Each rank's process starts with its own random state (the scenario
-    seeds the two rank processes apart, as two unseeded worker processes are). A prefill, then
+    """Two data-parallel ranks of two tensor-parallel ranks each (four processes: DP 2 x TP
+    2, as a DP deployment of TP engines lays them out) serve one request per DP rank with
+    speculative decoding and an unset engine seed, each rank in its own engine loop (an
+    external launcher's layout, no broadcast of rank 0's results). Each rank's process starts
+    with its own random state (the scenario seeds the two TP positions apart, as unseeded
+    worker processes are; the DP ranks alike). A prefill, then
     five verify steps of one to three drafts each; every draft comes with its draft
     probability, chosen against the float64 reference so that, with the uniforms of seed 0,
     the first step's first draft is decided by the draw (accepted where it is under 0.5), a
@@ -105,12 +107,14 @@ def tp_ranks_verify_drafts(ctx: Context) -> str:
     step 1 (upstream: an NCCL hang, or ranks silently running different tokens); the
     coordinator's trace comparison names it: collective_mismatch.
     """
-    if ctx.world_size != 2:
-        raise RuntimeError(f"runs as 2 ranks (Scenario.ranks), got world size {ctx.world_size}")
+    if ctx.world_size != 4:
+        raise RuntimeError(f"runs as 4 ranks (Scenario.ranks), got world size {ctx.world_size}")
     device = ctx.device
     draws = _draws(DEFAULT_SEED, device)
-    torch.manual_seed(_rank_process_seeds(draws, device)[ctx.rank])
-    parallel = ParallelConfig(world_size=2, rank=ctx.rank, tensor_parallel_size=2)
+    parallel = ParallelConfig(
+        world_size=4, rank=ctx.rank, data_parallel_size=2, tensor_parallel_size=2
+    )
+    torch.manual_seed(_rank_process_seeds(draws, device)[parallel.tp_rank])
     config = runner_config(
         device,
         ctx.fixes,
