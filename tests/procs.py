@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -107,3 +108,13 @@ def installed_repro() -> str:
     found = str(beside) if beside.exists() else shutil.which("repro")
     assert found, "the README's set-up installs the repro command"
     return found
+
+
+def repro_run(bug: str, variant: str) -> str:
+    """`repro run BUG --variant VARIANT --device cpu` in a process of its own: its stdout and
+    stderr together (its seconds go to this test's stderr)."""
+    argv = ("run", bug, "--variant", variant, "--device", "cpu")
+    start = time.monotonic()
+    done = subprocess.run(repro_command(*argv), capture_output=True, text=True, timeout=300)
+    print(f"repro run {bug} --variant {variant}: {time.monotonic() - start:.1f}s", file=sys.stderr)
+    return done.stdout + done.stderr

@@ -5,10 +5,6 @@ collectives are recorded (no peer: nothing issued); the scenario runs as two ran
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-
 import pytest
 import torch
 
@@ -106,24 +102,13 @@ def test_an_idle_rank_dummy_step_runs_the_drafter_dummy_too() -> None:
         assert collectives.ops == [TARGET] + [DRAFT] * K
 
 
-def run(variant: str) -> tuple[str, float]:
-    argv = ("run", "dp_drafter_boundary_hang", "--variant", variant, "--device", "cpu")
-    start = time.monotonic()
-    done = subprocess.run(procs.repro_command(*argv), capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - start
-    print(
-        f"repro run dp_drafter_boundary_hang --variant {variant}: {seconds:.1f}s", file=sys.stderr
-    )
-    return done.stdout + done.stderr, seconds
-
-
 def test_buggy_ranks_disagree_on_the_drafter_collectives() -> None:
-    out, _ = run("buggy")
+    out = procs.repro_run("dp_drafter_boundary_hang", "buggy")
     assert "drafter_at_the_boundary: collective_mismatch (as expected" in out, out
     assert "step 4: rank 1 all_reduce(dp, (2, 2), int32) vs rank 0 nothing" in out, out
 
 
 def test_fixed_ranks_pass_over_gloo() -> None:
-    out, _ = run("fixed")
+    out = procs.repro_run("dp_drafter_boundary_hang", "fixed")
     assert "drafter_at_the_boundary: pass (as expected" in out, out
     assert "2 ranks, torch.distributed gloo on cpu" in out, out

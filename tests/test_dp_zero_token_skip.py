@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -17,24 +16,15 @@ from tests import procs
 pytestmark = [pytest.mark.dp_zero_token_skip, pytest.mark.distributed, pytest.mark.cpu_job]
 
 
-def run(variant: str) -> tuple[str, float]:
-    argv = ("run", "dp_zero_token_skip", "--variant", variant, "--device", "cpu")
-    start = time.monotonic()
-    done = subprocess.run(procs.repro_command(*argv), capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - start
-    print(f"repro run dp_zero_token_skip --variant {variant}: {seconds:.1f}s", file=sys.stderr)
-    return done.stdout + done.stderr, seconds
-
-
 def test_buggy_ranks_disagree_on_their_collectives() -> None:
-    out, _ = run("buggy")
+    out = procs.repro_run("dp_zero_token_skip", "buggy")
     assert "zero_token_rank_steps: collective_mismatch (as expected" in out, out
     assert "step 0: rank 0 all_reduce(dp, (2,), int32) vs rank 1 nothing" in out, out
     assert "torch imported: False" in out, out
 
 
 def test_fixed_ranks_pass_over_gloo() -> None:
-    out, _ = run("fixed")
+    out = procs.repro_run("dp_zero_token_skip", "fixed")
     assert "zero_token_rank_steps: pass (as expected" in out, out
     assert "2 ranks, torch.distributed gloo on cpu" in out, out
 

@@ -5,10 +5,6 @@ processes (harness/ranks.py), whose buggy traces disagree at the drafter's all-r
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-
 import pytest
 import torch
 
@@ -67,22 +63,13 @@ def test_rejection_rule_accepts_while_p_passes_u_times_q() -> None:
     assert rejection_sample(logits, [0], [0.0], torch.tensor([0.0])) == ([1], 0)
 
 
-def run(variant: str) -> str:
-    argv = ("run", "rank_rng_divergence", "--variant", variant, "--device", "cpu")
-    start = time.monotonic()
-    done = subprocess.run(procs.repro_command(*argv), capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - start
-    print(f"repro run rank_rng_divergence --variant {variant}: {seconds:.1f}s", file=sys.stderr)
-    return done.stdout + done.stderr
-
-
 def test_buggy_ranks_disagree_at_the_drafters_all_reduce() -> None:
-    out = run("buggy")
+    out = procs.repro_run("rank_rng_divergence", "buggy")
     assert "tp_ranks_verify_drafts: collective_mismatch (as expected" in out, out
     assert "step 1: rank 0 all_reduce(tp, (" in out, out
 
 
 def test_fixed_ranks_pass_over_gloo() -> None:
-    out = run("fixed")
+    out = procs.repro_run("rank_rng_divergence", "fixed")
     assert "tp_ranks_verify_drafts: pass (as expected" in out, out
     assert "4 ranks, torch.distributed gloo on cpu" in out, out

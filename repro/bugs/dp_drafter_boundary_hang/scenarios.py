@@ -11,11 +11,10 @@ import torch
 from harness.oracle import close, expect_all
 from harness.record import Context
 from harness.reference import step_reference
-from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.engine import DataParallelEngine
 from harness.runner.input_batch import Request
-from harness.runner.model_runner import ModelRunner, runner_config
-from harness.runner.parallel import Collectives, ParallelConfig
+from harness.runner.model_runner import ModelRunner
+from repro.bugs.dp_zero_token_skip.scenarios import dp_runner
 
 MAX_MODEL_LEN = 12
 K = 3  # draft tokens per request and step: a batch whose longest sequence is past 12 - 3 skips
@@ -87,21 +86,7 @@ def drafter_at_the_boundary(ctx: Context) -> str:
     "No available shared memory broadcast block found"); the coordinator's trace comparison
     names it: collective_mismatch at step 4.
     """
-    if ctx.world_size != 2:
-        raise RuntimeError(f"runs as 2 ranks (Scenario.ranks), got world size {ctx.world_size}")
-    parallel = ParallelConfig(world_size=2, rank=ctx.rank, data_parallel_size=2)
-    config = runner_config(
-        ctx.device,
-        ctx.fixes,
-        dtype=ctx.dtype,
-        cudagraph_mode=CUDAGraphMode.NONE,
-        enable_lora=False,
-        max_model_len=MAX_MODEL_LEN,
-        num_speculative_tokens=K,
-        parallel=parallel,
-    )
-    collectives = Collectives(parallel, ctx.device, ctx.trace)
-    runner = ModelRunner(config, collectives=collectives)
+    runner = dp_runner(ctx, max_model_len=MAX_MODEL_LEN, num_speculative_tokens=K)
     engine = DataParallelEngine(runner)
     plans = [timeline(p) for p in PROMPTS]
     mine_prompts, problems, drafted, skipped = PROMPTS[ctx.rank], [], 0, 0

@@ -30,6 +30,17 @@ PLAN = (
 DUMMY_TOKENS = 1  # an idle rank's dummy step (upstream: _dummy_run(1))
 
 
+def dp_runner(ctx: Context, **config) -> ModelRunner:
+    """This rank's eager runner (no LoRA) of two data-parallel ranks, its collectives recorded
+    in the run's trace; `config`: more of runner_config's keywords."""
+    if ctx.world_size != 2:
+        raise RuntimeError(f"runs as 2 ranks (Scenario.ranks), got world size {ctx.world_size}")
+    parallel = ParallelConfig(world_size=2, rank=ctx.rank, data_parallel_size=2)
+    settings = {"cudagraph_mode": CUDAGraphMode.NONE, "enable_lora": False, **config}
+    flat = runner_config(ctx.device, ctx.fixes, dtype=ctx.dtype, parallel=parallel, **settings)
+    return ModelRunner(flat, collectives=Collectives(parallel, ctx.device, ctx.trace))
+
+
 def zero_token_rank_steps(ctx: Context) -> str:
     """Two data-parallel ranks, one request each, walk six steps: rank 0 with tokens and
     rank 1 with none at the first step (its request waits from the start, before any
@@ -48,20 +59,7 @@ def zero_token_rank_steps(ctx: Context) -> str:
     ranks' collectives disagree (upstream: gloo's "EnforceNotMet ... 8 vs 4", or a hang), the
     coordinator's trace comparison names it: collective_mismatch at step 0.
     """
-    if ctx.world_size != 2:
-        raise RuntimeError(f"runs as 2 ranks (Scenario.ranks), got world size {ctx.world_size}")
-    parallel = ParallelConfig(world_size=2, rank=ctx.rank, data_parallel_size=2)
-    config = runner_config(
-        ctx.device,
-        ctx.fixes,
-        dtype=ctx.dtype,
-        cudagraph_mode=CUDAGraphMode.NONE,
-        enable_lora=False,
-        max_model_len=16,
-        parallel=parallel,
-    )
-    collectives = Collectives(parallel, ctx.device, ctx.trace)
-    runner = ModelRunner(config, collectives=collectives)
+    runner = dp_runner(ctx, max_model_len=16)
     engine = DataParallelEngine(runner)
     seq, computed, problems = list(PROMPTS[ctx.rank]), 0, []
     started = [False] * len(PROMPTS)  # each rank's request past its prefill (the plan says)
