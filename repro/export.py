@@ -157,6 +157,12 @@ def relevant_tests(bug: BugRecord) -> list[str]:
 def launched(bug: BugRecord) -> list[str]:
     """The @triton.jit functions the trigger scenarios run (fixed variant, CPU interpreter)."""
     names = [line.split()[0] for line in triggers(bug)]
+    ranked = [s for s in bug.scenarios if s.name in names and s.ranks > 1]
+    if ranked:  # the trace runs each scenario once, in one process
+        raise UsageError(
+            f"kernels.launched traces a scenario in one process; {bug.id}'s {ranked[0].name} "
+            f"runs as {ranked[0].ranks} ranks (repro run {bug.id} shows what its ranks run)"
+        )
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "repro.export", bug.id, *names],

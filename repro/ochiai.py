@@ -75,6 +75,18 @@ def spectrum(target: str) -> tuple[str, set[str]]:
     return out["status"], set(out["lines"])
 
 
+def _ranks(target: str) -> int | None:
+    """The world size of BUG:SCENARIO's scenario; None where the records know no such one."""
+    from harness.fixes import UsageError
+    from repro import registry
+
+    bug, _, name = target.partition(":")
+    try:
+        return registry.get(bug).scenario(name).ranks
+    except (UsageError, KeyError):
+        return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trace", help=argparse.SUPPRESS)
@@ -86,6 +98,12 @@ def main() -> None:
     if args.trace:
         trace(args.trace)
         return
+    for target in args.fail + args.passing:
+        ranks = _ranks(target)
+        if ranks is None:
+            p.error(f"{target}: no such BUG:SCENARIO (repro info BUG lists its scenarios)")
+        if ranks > 1:  # one traced process cannot stand for N ranks
+            p.error(f"{target} runs as {ranks} ranks; this baseline traces one process")
     failed, passed = [], []
     for target in args.fail + args.passing:
         status, lines = spectrum(target)

@@ -5,6 +5,8 @@ outside: tests/test_dp_zero_token_skip.py)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -13,6 +15,7 @@ from harness.isolate import Isolator, Job
 from harness.outcome import Outcome
 from harness.ranks import RankTrace, first_divergence, read_trace
 from harness.runner.parallel import ParallelConfig
+from tests import procs
 
 pytestmark = pytest.mark.distributed
 
@@ -112,3 +115,31 @@ def test_a_hang_of_ranks_is_a_timeout_with_every_rank_stack() -> None:
     for rank in (0, 1):
         assert f"rank {rank}:\n  File " in result.evidence, result.evidence
     assert "in ranks_hang" in result.evidence, result.evidence
+
+
+SCENARIO = "zero_token_rank_steps"
+
+
+def test_the_one_process_tools_refuse_a_scenario_of_ranks() -> None:
+    """`repro export BUG kernels.launched` and the Ochiai baseline trace a scenario in one
+    process: for a scenario of ranks they say so (exit 2), never a ranking of a crash."""
+    done = subprocess.run(
+        procs.repro_command("export", "dp_zero_token_skip", "kernels.launched"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "runs as 2 ranks" in done.stderr, done.stderr
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "repro.ochiai",
+            "--fail",
+            "dp_zero_token_skip:zero_token_rank_steps",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "runs as 2 ranks" in done.stderr, done.stderr
