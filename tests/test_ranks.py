@@ -5,6 +5,7 @@ outside: tests/test_dp_zero_token_skip.py)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from harness.isolate import Isolator, Job
 from harness.outcome import Outcome
 from harness.ranks import RankTrace, first_divergence, read_trace
 from harness.runner.parallel import ParallelConfig
+from repro.registry import BUGS
 from tests import procs
 
 pytestmark = pytest.mark.distributed
@@ -143,3 +145,25 @@ def test_the_one_process_tools_refuse_a_scenario_of_ranks() -> None:
         timeout=120,
     )
     assert done.returncode == 2 and "runs as 2 ranks" in done.stderr, done.stderr
+
+
+OF_RANKS = [(b, s) for b in BUGS for s in b.scenarios if s.ranks > 1]
+
+
+@pytest.mark.cpu_job
+@pytest.mark.parametrize(
+    ("bug", "scenario"),
+    [pytest.param(b, s, marks=getattr(pytest.mark, b.id), id=b.id) for b, s in OF_RANKS],
+)
+def test_a_bug_of_ranks_through_the_command(bug, scenario) -> None:
+    """`repro run BUG` of each bug between ranks, as a user runs it: buggy, the record's class
+    and its signature (the trace comparison's divergence); fixed, a pass that names its ranks
+    and backend; the client never imports torch."""
+    out = procs.repro_run(bug.id, "buggy")
+    expected = scenario.expected(bug.buggy_variant, "cpu")
+    assert f"{scenario.name}: {expected.value} (as expected" in out, out
+    assert not scenario.signature or re.search(scenario.signature, out), out
+    assert "torch imported: False" in out, out
+    out = procs.repro_run(bug.id, "fixed")
+    assert f"{scenario.name}: pass (as expected" in out, out
+    assert f"{scenario.ranks} ranks, torch.distributed gloo on cpu" in out, out
