@@ -304,12 +304,22 @@ class _Batch:
                     why = "not run: an earlier scenario failed (--fail-fast)"
                     self.results[i] = Result(self.jobs[i], Outcome.SKIPPED, why, 0.0)
                 self.pending.clear()
-            while self.pending and len(self.running) < self.workers:
+            while self.pending and self._fits(self.jobs[self.pending[0]]):
                 self._start(self.pending.popleft())
             if self.running:
                 self._wait()
                 self._enforce_deadlines()
         return [self.results[i] for i in range(len(self.jobs))]
+
+    def _weight(self, job: Job) -> int:
+        """The processes a job runs at once: a run of ranks counts each rank (a rank on a GPU
+        holds a CUDA context: 32 runs of 4 ranks on one GPU ran it out of memory), at most
+        every worker (a run larger than `workers` runs alone)."""
+        return min(max(1, job.ranks), self.workers)
+
+    def _fits(self, job: Job) -> bool:
+        busy = sum(self._weight(run.job) for run in self.running)
+        return busy + self._weight(job) <= self.workers
 
     def abandon(self) -> list[Result]:
         """Kill everything in flight; a result for every job (unfinished: skipped)."""

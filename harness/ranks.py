@@ -13,8 +13,9 @@ kills them itself on every path it decides (SIGKILL, then reaped).
 
 Rendezvous: a FileStore in the run's private directory (no port; parallel runs never meet),
 gloo's and NCCL's sockets on the loopback interface. Backend: gloo on the CPU; on a GPU,
-NCCL with one GPU per rank where torch.cuda.device_count() >= N, else gloo on CUDA tensors,
-every rank on the one GPU (NCCL refuses two ranks on one GPU). The pass evidence says which.
+NCCL with one GPU per rank where torch.cuda.device_count() >= N, else gloo on CUDA tensors
+with rank r on GPU r mod the count (NCCL refuses two ranks on one GPU). The pass evidence says
+which.
 
 The collective-trace oracle: each rank records every collective before issuing it
 (harness.runner.parallel.Collectives: one JSON line per entry, flushed). The coordinator
@@ -192,8 +193,8 @@ def join(spec: dict) -> str:
         if torch.cuda.device_count() >= n:
             backend = "nccl"  # one GPU per rank
             torch.cuda.set_device(rank)
-        else:  # ranks share one GPU: NCCL refuses, gloo carries CUDA tensors
-            torch.cuda.set_device(0)
+        else:  # ranks share GPUs (rank r on GPU r mod count): NCCL refuses, gloo carries them
+            torch.cuda.set_device(rank % torch.cuda.device_count())
     store = dist.FileStore(spec["store"], n)
     timeout = timedelta(seconds=spec["pg_timeout_s"])
     dist.init_process_group(backend, store=store, rank=rank, world_size=n, timeout=timeout)

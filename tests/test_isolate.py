@@ -3,6 +3,7 @@ and no process outlives the run (a dead server, a killed child, a killed parent,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.fixes import ALL_FIXES
-from harness.isolate import CHILD_BOOT, ROOT, Isolator, Job
+from harness.isolate import CHILD_BOOT, ROOT, Isolator, Job, _Batch
 from harness.outcome import Outcome
 from tests import procs
 
@@ -88,6 +89,26 @@ def test_a_follow_up_starts_before_the_waiting_jobs_and_reads_after_them(isolato
     assert [r.job.scenario for r in results] == [*names, "segfaults"]
     assert [r.job.scenario for r in started][:2] == ["wrong", "segfaults"]
     assert results[-1].outcome == Outcome.ILLEGAL_ADDRESS
+
+
+def test_a_run_of_ranks_takes_a_worker_per_rank() -> None:
+    """--jobs counts processes: a run of N ranks holds N workers (each rank on a GPU holds a
+    CUDA context), and a run larger than the workers runs alone."""
+
+    class Iso:
+        gpus = ()
+
+    class Running:
+        def __init__(self, ranks: int) -> None:
+            self.job = dataclasses.replace(job("passes"), ranks=ranks)
+
+    batch = _Batch(Iso(), [], 4, None)
+    ranks = lambda n: dataclasses.replace(job("passes"), ranks=n)
+    assert batch._fits(ranks(8))  # nothing running: it runs alone
+    batch.running = {Running(1), Running(1)}
+    assert batch._fits(ranks(2)) and not batch._fits(ranks(3))
+    batch.running = {Running(4)}
+    assert not batch._fits(job("passes"))
 
 
 def test_unknown_isolation_mode() -> None:

@@ -8,8 +8,8 @@ vLLM's custom all-reduce over cudaIpc handles, DeepEP's NVSHMEM buffers).
 
 - On a GPU: CUDA IPC (torch's sharing of a CUDA storage: cudaIpcGetMemHandle here,
   cudaIpcOpenMemHandle in each peer), with one GPU per rank or ranks sharing one; where a
-  peer's buffer lies on another GPU, this rank's GPU is given access to it (peer access,
-  enabled by one copy from it, as torch enables it for any copy between two GPUs).
+  peer's buffer lies on another GPU, this rank's GPU is given access to it (peer access, which
+  torch enables for a copy between two GPUs; refused with one line where the GPUs have none).
 - On the CPU: a file in the run's private directory, mapped shared (MAP_SHARED) by every rank;
   the interpreter's loads and stores go through each process's own mapping.
 
@@ -91,6 +91,16 @@ class PeerMemory:
         peer = rebuild(*args)  # on the peer's GPU (its index as this process sees it)
         own = torch.device(self.device).index
         own = torch.cuda.current_device() if own is None else own
-        if peer.device.index != own:
-            peer[:1].to(f"cuda:{own}")  # this GPU reads the peer's (peer access, enabled)
+        there = peer.device.index
+        if there != own:
+            if not torch.cuda.can_device_access_peer(own, there):
+                raise RuntimeError(
+                    f"PeerMemory {self.name!r}: GPU {own} cannot access GPU {there}'s memory "
+                    "(no peer access between them): run the ranks on one GPU"
+                )
+            # torch enables peer access between the two GPUs of a copy: both ways, through
+            # scratch tensors of this process (the peer's buffer is not touched)
+            mine, theirs = torch.zeros(1, device=own), torch.zeros(1, device=there)
+            theirs.copy_(mine)
+            mine.copy_(theirs)
         return peer
