@@ -8,8 +8,8 @@ vLLM's custom all-reduce over cudaIpc handles, DeepEP's NVSHMEM buffers).
 
 - On a GPU: CUDA IPC (torch's sharing of a CUDA storage: cudaIpcGetMemHandle here,
   cudaIpcOpenMemHandle in each peer), with one GPU per rank or ranks sharing one; where a
-  peer's buffer lies on another GPU, this rank's GPU is given access to it (peer access, which
-  torch enables for a copy between two GPUs; refused with one line where the GPUs have none).
+  peer's buffer lies on another GPU, this rank's GPU is given access to it (peer access,
+  enabled through the CUDA runtime; refused with one line where the GPUs have none).
 - On the CPU: a file in the run's private directory, mapped shared (MAP_SHARED) by every rank;
   the interpreter's loads and stores go through each process's own mapping.
 
@@ -98,9 +98,30 @@ class PeerMemory:
                     f"PeerMemory {self.name!r}: GPU {own} cannot access GPU {there}'s memory "
                     "(no peer access between them): run the ranks on one GPU"
                 )
-            # torch enables peer access between the two GPUs of a copy: both ways, through
-            # scratch tensors of this process (the peer's buffer is not touched)
-            mine, theirs = torch.zeros(1, device=own), torch.zeros(1, device=there)
-            theirs.copy_(mine)
-            mine.copy_(theirs)
+            _enable_peer_access(own, there)
         return peer
+
+
+def _enable_peer_access(own: int, there: int) -> None:
+    """Let GPU `own`'s kernels load and store through addresses of GPU `there`
+    (cudaDeviceEnablePeerAccess in `own`'s context, through the CUDA runtime torch loaded;
+    with only torch's copies between the GPUs, tried first, a kernel's peer load faulted)."""
+    import ctypes
+
+    path = next(
+        (
+            line.split()[-1]
+            for line in Path("/proc/self/maps").read_text().splitlines()
+            if "/libcudart.so" in line
+        ),
+        None,
+    )
+    if path is None:
+        raise RuntimeError("PeerMemory: no CUDA runtime (libcudart) loaded in this process")
+    cudart = ctypes.CDLL(path)
+    with torch.cuda.device(own):
+        code = cudart.cudaDeviceEnablePeerAccess(ctypes.c_int(there), ctypes.c_uint(0))
+    if code not in (0, 704):  # 704: cudaErrorPeerAccessAlreadyEnabled
+        raise RuntimeError(
+            f"PeerMemory: cudaDeviceEnablePeerAccess({there}) on GPU {own} returned {code}"
+        )
