@@ -33,6 +33,7 @@ from kernels.launch import require_power_of_two
 
 SKIP = -1  # a row with no token for this rank's experts (a padding slot, or another owner's)
 POISON_IDX = 2**31 - 1  # a receive row nobody wrote: int32 max, a wild expert index
+_SKIP = tl.constexpr(SKIP)  # (a kernel reads globals only as constexprs)
 
 
 @triton.jit(do_not_specialize=["rows_per_rank", "src_rank"])
@@ -58,7 +59,7 @@ def _ep_dispatch_kernel(
     row = src_rank * rows_per_rank + t
     for dst in tl.static_range(EP):
         mine = live & (expert // EXPERTS_PER_RANK == dst)
-        local = tl.where(mine, expert % EXPERTS_PER_RANK, SKIP)
+        local = tl.where(mine, expert % EXPERTS_PER_RANK, _SKIP)
         idx = tl.load(idx_table_ptr + dst).to(tl.pointer_type(tl.int32))
         rx = tl.load(x_table_ptr + dst).to(tl.pointer_type(tl.float32))
         tl.store(rx + row.to(tl.int64) * HIDDEN + offs, x, mask=offs < tl.where(mine, HIDDEN, 0))
@@ -81,8 +82,8 @@ def _ep_expert_combine_kernel(
     idx = tl.load(idx_table_ptr + rank).to(tl.pointer_type(tl.int32))
     rx = tl.load(x_table_ptr + rank).to(tl.pointer_type(tl.float32))
     slot = t < rows_per_rank  # (a warm-up launch has no slots)
-    local = tl.load(idx + row, mask=slot, other=SKIP, volatile=True)
-    take = slot & (local != SKIP)
+    local = tl.load(idx + row, mask=slot, other=_SKIP, volatile=True)
+    take = slot & (local != _SKIP)
     k = tl.arange(0, HIDDEN)
     n = tl.arange(0, HIDDEN)
     x_row = rx + row.to(tl.int64) * HIDDEN + k
