@@ -28,8 +28,8 @@ class Ranks:
 
     def __init__(self, device: str) -> None:
         rows = 2 * MAX_ROWS
-        self.idx = [torch.full((rows,), POISON_IDX, dtype=torch.int32, device=device)] * 2
-        self.idx = [t.clone() for t in self.idx]
+        poison = lambda: torch.full((rows,), POISON_IDX, dtype=torch.int32, device=device)
+        self.idx = [poison() for _ in range(2)]
         self.x = [torch.full((rows, HIDDEN), float("nan"), device=device) for _ in range(2)]
         self.out = [torch.full((MAX_ROWS, HIDDEN), float("nan"), device=device) for _ in range(2)]
         table = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64).to(device)
@@ -56,8 +56,8 @@ def test_dispatch_writes_every_slot_of_the_senders_rows(device) -> None:
     x, experts = _tokens(device, 4, [0, 3, 2])  # experts 0, 1 on rank 0; 2, 3 on rank 1
     ranks.dispatch(x, experts, 3, rows=4, src=1)
     poison = [POISON_IDX] * 4
-    assert ranks.idx[0].tolist()[:12] == poison + [0, SKIP, SKIP, SKIP] + poison
-    assert ranks.idx[1].tolist()[:12] == poison + [SKIP, 1, 0, SKIP] + poison
+    assert ranks.idx[0].tolist()[:12] == [*poison, 0, SKIP, SKIP, SKIP, *poison]
+    assert ranks.idx[1].tolist()[:12] == [*poison, SKIP, 1, 0, SKIP, *poison]
     assert torch.equal(ranks.x[0][4], x[0]) and torch.equal(ranks.x[1][5], x[1])
     assert torch.equal(ranks.x[1][6], x[2])
     assert ranks.x[0][5:8].isnan().all() and ranks.x[1][4].isnan().all()  # not theirs
