@@ -25,7 +25,7 @@ PART = Fix.EP_GRAPH_BUCKET_AGREED
 FIDELITY = Fidelity(
     grade="simplified",
     evidence=(
-        "SGLang #30450's description (merged, 2026-07-08, 'Fix FlashInfer A2A IMA by "
+        "SGLang #30450's description (merged; opened 2026-07-08: 'Fix FlashInfer A2A IMA by "
         "DP-synchronizing the decode graph bucket'): with FlashInfer MoE A2A and DP attention "
         "(moe_dense_tp_size 1, enable_dp_lm_head) require_mlp_tp_gather is False, so each rank "
         "picks its decode CUDA-graph bucket from its local batch size; ranks replay "
@@ -36,10 +36,11 @@ FIDELITY = Fidelity(
         "(max(global_num_tokens_cpu)) in eager, capture and replay; issue #30242 (closed: "
         "DeepSeek-V4 NVFP4 disaggregated decode, GB300, TP/DP/EP 16, bisected to #29461; the "
         "comments name the local bucket and runtime_max_tokens_per_rank as the cause and padding "
-        "every rank to the max bucket as the fix); #29461's description (merged 2026-06-26: "
-        "skip the runtime token-count all-gather in the FlashInfer A2A dispatcher during graph "
-        "capture, the graph's fixed geometry from x.shape[0]); #27945's description (merged "
-        "2026-06-11: the same per-rank sizing in eager mode, the combine reshaping to "
+        "every rank to the max bucket as the fix); #29461's description (merged; opened "
+        "2026-06-26: skip the runtime token-count all-gather in the FlashInfer A2A dispatcher "
+        "during graph capture, the graph's fixed geometry from x.shape[0]); #27945's "
+        "description (merged; opened 2026-06-11: the same per-rank sizing in eager mode, "
+        "the combine reshaping to "
         "[ep_size, runtime_max_tokens_per_rank, hidden], NaN logits); vLLM #25906 (merged: a "
         "DP/EP dummy run dispatched its CUDA graph on the local token count instead of the "
         "count synchronized across DP ranks: a hang)"
@@ -123,14 +124,15 @@ RECORD = BugRecord(
         ),
     ),
     history=(
-        "Verified upstream (search, issues corpus): SGLang #27945 (merged 2026-06-11: the "
+        "Verified upstream (search, issues corpus): SGLang #27945 (merged; opened 2026-06-11: the "
         "FlashInfer A2A dispatcher sized runtime_max_tokens_per_rank from the local x.shape[0] "
-        "when global_num_tokens collapsed; NaN logits in eager mode); #29461 (merged "
+        "when global_num_tokens collapsed; NaN logits in eager mode); #29461 (merged; opened "
         "2026-06-26: the dispatcher skips its runtime token-count query during graph capture, "
         "so each graph bakes its own rows); issue #30242 (closed: the IMA on GB300 "
-        "disaggregated decode, bisected to #29461); #30450 (merged 2026-07-08: the bucket from "
-        "the cross-rank max). vLLM #25906 (merged 2025-09-29: the DP/EP dummy run dispatched "
-        "the CUDA graph on the local token count, not num_tokens_after_padding: a hang) and "
+        "disaggregated decode, bisected to #29461); #30450 (merged; opened 2026-07-08: the "
+        "bucket from the cross-rank max). vLLM #25906 (merged; opened 2025-09-29: the DP/EP "
+        "dummy run dispatched the CUDA graph on the local token count, not "
+        "num_tokens_after_padding: a hang) and "
         "#18724 (every DP rank must launch the same dispatch and combine kernels: DP padding) "
         "are the vLLM side. Relatives in this catalogue: dp_zero_token_skip (an idle DP rank "
         "must still join the step's agreement; here an idle rank's dummy step must also pick "
