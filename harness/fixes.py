@@ -96,6 +96,11 @@ class Fix(enum.Enum):
     # #16514): a DP rank whose batch cannot take its drafts near max_model_len still runs the
     # drafter's dummy steps, so it joins the draft steps' agreements of the ranks that draft
     DP_DRAFTER_DUMMY_RUN = "dp_drafter_dummy_run"
+    # SGLang #30450 (ep_graph_bucket_local; issue #30242, a regression of #29461; relatives
+    # SGLang #27945, vLLM #25906): every expert-parallel rank replays the decode graph bucket of
+    # the token count agreed across the ranks (their max), not the bucket of its local batch,
+    # so the ranks pass one geometry to the all-to-all's fixed-layout receive buffers
+    EP_GRAPH_BUCKET_AGREED = "ep_graph_bucket_agreed"
 
 
 Variant = frozenset[Fix]

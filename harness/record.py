@@ -103,6 +103,10 @@ STATES = (
     # max_model_len: no drafts) on one DP rank while another's batch drafts, and on every rank
     "one DP rank past the drafter's limit, its peer drafting",
     "every DP rank past the drafter's limit at once",
+    # expert-parallel ranks' decode batches whose local counts fall in different graph buckets
+    # (capture sizes), and in one bucket with different counts
+    "EP ranks' batches in different graph buckets",
+    "EP ranks' batches in one graph bucket",
 )
 
 

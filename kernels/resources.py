@@ -261,6 +261,17 @@ def _moe_gate(num_tokens: int, experts: int, top_k: int, hidden: int, dtype=torc
     moe_finalize(permuted, rows, ids, weights, _empty(num_tokens, hidden, dtype=dtype), experts)
 
 
+def _ep(hidden: int, ep: int, experts_per_rank: int, rows: int) -> None:
+    """The expert-parallel dispatch into peers' receive rows, and the experts on them."""
+    from kernels.ep_dispatch import ep_dispatch, ep_expert_combine
+
+    table = torch.empty(ep, dtype=torch.int64)
+    x, experts = _empty(rows, hidden), _i32(rows)
+    ep_dispatch(x, experts, _i32(1), table, table, rows, 0, experts_per_rank)
+    weights = _empty(experts_per_rank, hidden, hidden)
+    ep_expert_combine(weights, table, table, table, rows, 0)
+
+
 # (label, launcher calls): the largest sizes of each domain and each path's boundaries
 SHAPES: list[tuple[str, Callable[[], None]]] = [
     ("align small path, 1020 pairs, 64 experts, 32 loras", lambda: _align(170, 6, 64, 32)),
@@ -313,6 +324,9 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
         "moe gate, 32 tokens, 8 experts, top-2, hidden 32, bf16",
         lambda: _moe_gate(32, 8, 2, 32, torch.bfloat16),
     ),
+    # the expert-parallel layer's shape (ep_graph_bucket_local), and a wider one on 8 ranks
+    ("ep dispatch and experts, hidden 16, 2 ranks x 2 experts", lambda: _ep(16, 2, 2, 8)),
+    ("ep dispatch and experts, hidden 128, 8 ranks x 4 experts", lambda: _ep(128, 8, 4, 256)),
 ]
 
 # The fp8 (e4m3) KV cache: Triton has fp8e4nv from sm_89 on only; for sm_80 it refuses the type

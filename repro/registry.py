@@ -15,6 +15,7 @@ from repro.bugs import (
     capture_first_call,
     dp_drafter_boundary_hang,
     dp_zero_token_skip,
+    ep_graph_bucket_local,
     graph_output_alias,
     input_batch_swap_alias,
     kernel_block_size,
@@ -72,6 +73,7 @@ BUGS: tuple[BugRecord, ...] = (
     rank_rng_divergence.RECORD,
     dp_zero_token_skip.RECORD,
     dp_drafter_boundary_hang.RECORD,
+    ep_graph_bucket_local.RECORD,
 )
 
 

@@ -243,6 +243,18 @@ REQUIRED_AXES = {
             "one DP rank idle, its peer busy",
         },
     },
+    # EP ranks' graph buckets: batches in different buckets (the larger on either rank, an idle
+    # rank's dummy step) and in one bucket, every capture size replayed, several steps a size
+    "ep_graph_bucket_local": {
+        "graph_modes": {"FULL"},
+        "capture_sizes": 3,
+        "steps_per_size": 3,
+        "states": {
+            "EP ranks' batches in different graph buckets",
+            "EP ranks' batches in one graph bucket",
+            "one DP rank idle, its peer busy",
+        },
+    },
 }
 
 
