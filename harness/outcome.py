@@ -213,6 +213,11 @@ def _from_exit(code: int, stderr: str) -> Classified:
                 Outcome.ILLEGAL_ADDRESS,
                 f"killed by {sig.name} (host memory fault)\n{_fault_report(stderr)}",
             )
+        gpu = _gpu_error(stderr) if sig == signal.SIGABRT else None
+        if gpu is not None:  # a device error thrown where C++ cannot pass it on: terminate
+            line = next((ln for ln in stderr.splitlines() if _gpu_error(ln) is not None), "")
+            return Classified(gpu, f"killed by SIGABRT after the device's error: {line.strip()}\n"
+                              f"{_fault_report(stderr)}")  # fmt: skip
         return Classified(Outcome.CRASH, f"killed by {sig.name}\n{_fault_report(stderr)}")
     gpu = _gpu_error(stderr)
     if gpu is not None:

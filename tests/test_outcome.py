@@ -16,6 +16,10 @@ TORCH_IMA = (
 )
 
 
+TERMINATE_ILLEGAL = (
+    "terminate called after throwing an instance of 'c10::AcceleratorError'\n"
+    "  what():  CUDA error: an illegal memory access was encountered\n"
+)
 LAUNCH_FAILURE = {
     "status": "exception",
     "type": "AcceleratorError",
@@ -125,6 +129,9 @@ def exited(code: int | None, report: dict | None = None, stderr: str = "", **kw)
         (exited(-signal.SIGSEGV), Outcome.ILLEGAL_ADDRESS),
         (exited(-signal.SIGBUS), Outcome.ILLEGAL_ADDRESS),
         (exited(-signal.SIGABRT), Outcome.CRASH),
+        # a CUDA error thrown where C++ cannot pass it on (a destructor): terminate, abort
+        (exited(-signal.SIGABRT, None, TERMINATE_ILLEGAL), Outcome.ILLEGAL_ADDRESS),
+        (exited(-signal.SIGKILL, None, TERMINATE_ILLEGAL), Outcome.CRASH),
         (exited(-signal.SIGKILL), Outcome.CRASH),
         (exited(-signal.SIGALRM), Outcome.TIMEOUT),  # the child's own time limit
         (exited(None), Outcome.TIMEOUT),

@@ -8,8 +8,8 @@ vLLM's custom all-reduce over cudaIpc handles, DeepEP's NVSHMEM buffers).
 
 - On a GPU: CUDA IPC (torch's sharing of a CUDA storage: cudaIpcGetMemHandle here,
   cudaIpcOpenMemHandle in each peer), with one GPU per rank or ranks sharing one; where a
-  peer's buffer lies on another GPU, this rank's GPU is given access to it (peer access,
-  enabled through the CUDA runtime; refused with one line where the GPUs have none).
+  peer's buffer lies on another GPU, it is opened on this rank's GPU, which the driver then
+  gives access to it (peer access; refused with one line where the GPUs have none).
 - On the CPU: a file in the run's private directory, mapped shared (MAP_SHARED) by every rank;
   the interpreter's loads and stores go through each process's own mapping.
 
@@ -20,6 +20,7 @@ outside the runner's traced Collectives. Every rank's buffer is filled before an
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -87,41 +88,20 @@ class PeerMemory:
         return handles
 
     def _open_cuda(self, handle: tuple) -> torch.Tensor:
+        """The peer's buffer, its IPC handle opened on this rank's own GPU (as vLLM's custom
+        all-reduce opens its peers'): where the peer's GPU is another, the driver enables this
+        GPU's access to it (cudaIpcMemLazyEnablePeerAccess), and the tensor says this rank's
+        device, whose kernels and copies reach it. torch's own rebuild opens it on the
+        peer's GPU: a kernel of this GPU then faulted reading it (two H200s)."""
         rebuild, args = handle
-        peer = rebuild(*args)  # on the peer's GPU (its index as this process sees it)
         own = torch.device(self.device).index
         own = torch.cuda.current_device() if own is None else own
-        there = peer.device.index
-        if there != own:
-            if not torch.cuda.can_device_access_peer(own, there):
-                raise RuntimeError(
-                    f"PeerMemory {self.name!r}: GPU {own} cannot access GPU {there}'s memory "
-                    "(no peer access between them): run the ranks on one GPU"
-                )
-            _enable_peer_access(own, there)
-        return peer
-
-
-def _enable_peer_access(own: int, there: int) -> None:
-    """Let GPU `own`'s kernels load and store through addresses of GPU `there`
-    (cudaDeviceEnablePeerAccess in `own`'s context, through the CUDA runtime torch loaded;
-    with only torch's copies between the GPUs, tried first, a kernel's peer load faulted)."""
-    import ctypes
-
-    path = next(
-        (
-            line.split()[-1]
-            for line in Path("/proc/self/maps").read_text().splitlines()
-            if "/libcudart.so" in line
-        ),
-        None,
-    )
-    if path is None:
-        raise RuntimeError("PeerMemory: no CUDA runtime (libcudart) loaded in this process")
-    cudart = ctypes.CDLL(path)
-    with torch.cuda.device(own):
-        code = cudart.cudaDeviceEnablePeerAccess(ctypes.c_int(there), ctypes.c_uint(0))
-    if code not in (0, 704):  # 704: cudaErrorPeerAccessAlreadyEnabled
-        raise RuntimeError(
-            f"PeerMemory: cudaDeviceEnablePeerAccess({there}) on GPU {own} returned {code}"
-        )
+        args = list(args)
+        at = list(inspect.signature(rebuild).parameters).index("storage_device")
+        there, args[at] = args[at], own
+        if there != own and not torch.cuda.can_device_access_peer(own, there):
+            raise RuntimeError(
+                f"PeerMemory {self.name!r}: GPU {own} cannot access GPU {there}'s memory (no "
+                "peer access between them): run the ranks on one GPU"
+            )
+        return rebuild(*args)
