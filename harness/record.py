@@ -103,6 +103,13 @@ STATES = (
     # max_model_len: no drafts) on one DP rank while another's batch drafts, and on every rank
     "one DP rank past the drafter's limit, its peer drafting",
     "every DP rank past the drafter's limit at once",
+    # a custom all-reduce's graphs (harness/runner/custom_allreduce.py): a graph replayed inside
+    # the capture window, before its buffers are registered, and after it closes; the window's
+    # first graph and its later ones; its eager (registered buffer) path
+    "graph replayed inside the capture window",
+    "graph replayed after the capture window",
+    "the capture window's first graph and later ones",
+    "eager all-reduce through the registered buffer",
 )
 
 

@@ -13,6 +13,7 @@ from repro.bugs import (
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
+    car_register_before_replay,
     dp_drafter_boundary_hang,
     dp_zero_token_skip,
     graph_output_alias,
@@ -72,6 +73,7 @@ BUGS: tuple[BugRecord, ...] = (
     rank_rng_divergence.RECORD,
     dp_zero_token_skip.RECORD,
     dp_drafter_boundary_hang.RECORD,
+    car_register_before_replay.RECORD,
 )
 
 

@@ -243,6 +243,18 @@ REQUIRED_AXES = {
             "one DP rank idle, its peer busy",
         },
     },
+    # a custom all-reduce's captured calls: a graph replayed inside the capture window and
+    # after it, the window's first graph and later ones, and the eager path beside them
+    "car_register_before_replay": {
+        **GRAPHS,
+        "graph_modes": {"NONE", "FULL"},
+        "states": {
+            "graph replayed inside the capture window",
+            "graph replayed after the capture window",
+            "the capture window's first graph and later ones",
+            "eager all-reduce through the registered buffer",
+        },
+    },
 }
 
 

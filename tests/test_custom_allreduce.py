@@ -1,0 +1,143 @@
+"""The custom all-reduce (kernels/custom_allreduce.py, harness/runner/custom_allreduce.py) and
+the TP runner over it (harness/runner/tensor_parallel.py).
+
+Two ranks forked from the test, joined over gloo, run the kernel on the CPU (Triton's
+interpreter): eager sums, and the rank-data rows a capture takes, -1 until registration. One
+rank (a world of one) shows the capture loop's keys: which dummy run replays a graph inside
+the window (car_register_before_replay); a load through an unregistered row faults, so that
+is left to the scenario, which runs in rank processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.fixes import ALL_FIXES, Fix
+from harness.runner.cudagraph import Graph
+from harness.runner.custom_allreduce import UNREGISTERED
+from harness.runner.parallel import ParallelConfig
+from harness.runner.tensor_parallel import TPSpecRunner
+
+pytestmark = [pytest.mark.distributed, pytest.mark.cpu_job]
+REGISTER = pytest.mark.car_register_before_replay
+KEY = Fix.DRAFT_GRAPH_LORA_KEY
+
+
+def _two_ranks(target, tmp_path: Path, *args) -> None:
+    """Run target(rank, directory, *args) in two forked ranks over gloo; fail on any error."""
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+
+    def main(rank: int) -> None:
+        import torch.distributed as dist
+
+        try:
+            store = dist.FileStore(str(tmp_path / "store"), 2)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+            target(rank, str(tmp_path), *args)
+            dist.barrier()
+            dist.destroy_process_group()
+        except BaseException:
+            errors.put(f"rank {rank}: {traceback.format_exc()}")
+            raise
+
+    procs = [context.Process(target=main, args=(r,)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, "a rank did not finish in 120 s"
+    assert errors.empty(), errors.get()
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
+def _tp(rank: int) -> ParallelConfig:
+    return ParallelConfig(world_size=2, rank=rank, tensor_parallel_size=2)
+
+
+def _eager_sums(rank: int, directory: str, fixes) -> None:
+    runner = TPSpecRunner(_tp(rank), "cpu", directory, fixes)
+    comm = runner.comm
+    for k, n in enumerate((16, 5, 128)):  # several calls, sizes: each a new round
+        inp = torch.arange(n, dtype=torch.float32) * (rank + 1) + k
+        out = torch.full((n,), float("nan"))
+        comm.all_reduce(inp, out)
+        expected = torch.arange(n, dtype=torch.float32) * 3 + 2 * k
+        assert torch.equal(out, expected), (k, out, expected)
+    assert comm.progress(rank)[0] == 3 and comm.progress(1 - rank)[0] >= 2
+    assert comm.expired() == 0
+
+
+@REGISTER
+@pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {Fix.ALLREDUCE_DEVICE_ROUND}])
+def test_eager_all_reduce_sums_every_rank(tmp_path: Path, fixes) -> None:
+    _two_ranks(_eager_sums, tmp_path, fixes)
+
+
+def _registration(rank: int, directory: str) -> None:
+    runner = TPSpecRunner(_tp(rank), "cpu", directory, capture_sizes=(8, 4), lora_cases=(1, 0))
+    comm = runner.comm
+    assert comm.rank_data[1:].eq(UNREGISTERED).all()  # nothing captured yet
+    with comm.capture():
+        for n in (8, 4):
+            for case in (1, 0):
+                runner.dummy_run(n, case, graphs=True)
+        assert comm.rank_data[1:].eq(UNREGISTERED).all()  # captured, not registered
+        assert len(comm.graph_offsets) == 8 and comm.registered == 0
+    assert comm.registered == 8 and not comm.rank_data[9:].ne(UNREGISTERED).any()
+    bases = [p.data_ptr() for p in comm.graph_inputs.peers]
+    for i, offset in enumerate(comm.graph_offsets):  # every rank's input of call i
+        assert comm.rank_data[1 + i].tolist() == [b + 4 * offset for b in bases]
+    hidden = torch.randn(3, 16, generator=torch.Generator().manual_seed(7))
+    target, draft = runner.step(hidden, 1)
+    reference = hidden.double() @ runner.weights["target"].double()
+    assert torch.allclose(target.double(), reference, atol=1e-4)
+    assert torch.allclose(draft.double(), reference @ runner.weights["draft"].double(), atol=1e-3)
+
+
+@REGISTER
+def test_captured_calls_take_rows_registered_at_the_window_end(tmp_path: Path) -> None:
+    _two_ranks(_registration, tmp_path)
+
+
+def _capture_loop(fixes, monkeypatch, tmp_path: Path) -> TPSpecRunner:
+    """A world of one's capture loop, replays recorded (not run: an unregistered row faults)."""
+    runner = TPSpecRunner(ParallelConfig(), "cpu", str(tmp_path), fixes, lora_cases=(2, 1, 0))
+    monkeypatch.setattr(Graph, "replay", lambda self: None)
+    runner.capture_model()
+    return runner
+
+
+@REGISTER
+def test_fixed_each_lora_case_captures_its_draft_graph(monkeypatch, tmp_path: Path) -> None:
+    runner = _capture_loop(ALL_FIXES, monkeypatch, tmp_path)
+    assert runner.replayed_in_window == []
+    drafts = sorted(k for k in runner.graphs if k[0] == "draft")
+    assert drafts == [("draft", n, c) for n in (4, 8) for c in (0, 1, 2)]
+    assert runner.comm.registered == len(runner.graphs) == 12
+
+
+@REGISTER
+def test_buggy_later_lora_cases_replay_the_draft_graph_in_the_window(
+    monkeypatch, tmp_path: Path
+) -> None:
+    runner = _capture_loop(ALL_FIXES - {KEY}, monkeypatch, tmp_path)
+    assert runner.replayed_in_window == [("draft", 8)] * 2 + [("draft", 4)] * 2
+    assert runner.comm.registered == len(runner.graphs) == 8
+
+
+@REGISTER
+def test_a_capture_outside_the_window_is_refused(tmp_path: Path) -> None:
+    from harness.runner.cudagraph import capturing
+
+    runner = TPSpecRunner(ParallelConfig(), "cpu", str(tmp_path))
+    refused = pytest.raises(RuntimeError, match="outside capture")
+    with refused, capturing(runner.launch, "cpu", None):
+        runner.dummy_run(4, 0)
