@@ -110,6 +110,11 @@ STATES = (
     "graph replayed after the capture window",
     "the capture window's first graph and later ones",
     "eager all-reduce through the registered buffer",
+    # a graph whose all-reduce is the only writer of the flags between two of its replays (the
+    # same graph replayed in a row), and graphs replayed alternately (each replay's flags
+    # overwritten by another's)
+    "one graph replayed several times in a row",
+    "graphs replayed alternately",
 )
 
 

@@ -51,7 +51,7 @@ def custom_allreduce(
     out: torch.Tensor,  # [n] float32, written: the sum of every rank's input
     host_round: int,  # the host's round (not device_round)
     rank: int,
-    device_round: bool,
+    device_round: bool = True,  # allreduce_device_round
     max_spin: int = MAX_SPIN,
 ) -> None:
     world, n = ptrs.shape[0], out.numel()

@@ -261,13 +261,13 @@ def _moe_gate(num_tokens: int, experts: int, top_k: int, hidden: int, dtype=torc
     moe_finalize(permuted, rows, ids, weights, _empty(num_tokens, hidden, dtype=dtype), experts)
 
 
-def _custom_allreduce(world: int, numel: int, device_round: bool) -> None:
+def _custom_allreduce(world: int, numel: int, **switches: bool) -> None:
     """The custom all-reduce: every rank's input read through an address table, flags in the
-    ranks' signal words (a round from the device's counter or the host's argument)."""
+    ranks' signal words (a round from the device's counter, or the host's argument)."""
     from kernels.custom_allreduce import custom_allreduce
 
     i64 = lambda *s: torch.empty(*s, dtype=torch.int64)
-    custom_allreduce(i64(world), i64(world), _i32(1), _empty(numel), 7, world - 1, device_round)
+    custom_allreduce(i64(world), i64(world), _i32(1), _empty(numel), 7, world - 1, **switches)
 
 
 # (label, launcher calls): the largest sizes of each domain and each path's boundaries
@@ -323,10 +323,10 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
         lambda: _moe_gate(32, 8, 2, 32, torch.bfloat16),
     ),
     # the runner's TP all-reduce (128 elements) and the kernel's largest world
-    ("custom all-reduce, 2 ranks, 128 elements", lambda: _custom_allreduce(2, 128, True)),
+    ("custom all-reduce, 2 ranks, 128 elements", lambda: _custom_allreduce(2, 128)),
     (
         "custom all-reduce, 8 ranks, 4096 elements, host round",
-        lambda: _custom_allreduce(8, 4096, False),
+        lambda: _custom_allreduce(8, 4096, device_round=False),
     ),
 ]
 

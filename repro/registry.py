@@ -6,6 +6,7 @@ from __future__ import annotations
 from harness.fixes import UsageError
 from harness.record import BugRecord
 from repro.bugs import (
+    allreduce_flag_epoch,
     async_output_lifetime,
     async_pinned_race,
     async_placeholder_leak,
@@ -71,9 +72,10 @@ BUGS: tuple[BugRecord, ...] = (
     async_window_free.RECORD,
     # ranks that must agree (issue 43), in upstream fix order
     rank_rng_divergence.RECORD,
+    car_register_before_replay.RECORD,
     dp_zero_token_skip.RECORD,
     dp_drafter_boundary_hang.RECORD,
-    car_register_before_replay.RECORD,
+    allreduce_flag_epoch.RECORD,
 )
 
 

@@ -2,10 +2,12 @@
 the TP runner over it (harness/runner/tensor_parallel.py).
 
 Two ranks forked from the test, joined over gloo, run the kernel on the CPU (Triton's
-interpreter): eager sums, and the rank-data rows a capture takes, -1 until registration. One
-rank (a world of one) shows the capture loop's keys: which dummy run replays a graph inside
-the window (car_register_before_replay); a load through an unregistered row faults, so that
-is left to the scenario, which runs in rank processes."""
+interpreter): eager sums; the rank-data rows a capture takes, -1 until registration; a graph
+replayed in a row with rank 0 first at each call (allreduce_flag_epoch: with the host's round,
+rank 0's second replay sums rank 1's last partial). One rank (a world of one) shows the capture
+loop's keys: which dummy run replays a graph inside the window (car_register_before_replay); a
+load through an unregistered row faults, so that is left to the scenario, which runs in rank
+processes."""
 
 from __future__ import annotations
 
@@ -76,6 +78,7 @@ def _eager_sums(rank: int, directory: str, fixes) -> None:
 
 
 @REGISTER
+@pytest.mark.allreduce_flag_epoch
 @pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {Fix.ALLREDUCE_DEVICE_ROUND}])
 def test_eager_all_reduce_sums_every_rank(tmp_path: Path, fixes) -> None:
     _two_ranks(_eager_sums, tmp_path, fixes)
@@ -141,3 +144,43 @@ def test_a_capture_outside_the_window_is_refused(tmp_path: Path) -> None:
     refused = pytest.raises(RuntimeError, match="outside capture")
     with refused, capturing(runner.launch, "cpu", None):
         runner.dummy_run(4, 0)
+
+
+EPOCH = pytest.mark.allreduce_flag_epoch
+ROUND = Fix.ALLREDUCE_DEVICE_ROUND
+
+
+def _replayed(rank: int, directory: str, fixes) -> None:
+    """Size 4's target graph replayed three times in a row, rank 0 first at each call."""
+    from repro.bugs.allreduce_flag_epoch.scenarios import lockstep
+
+    runner = TPSpecRunner(_tp(rank), "cpu", directory, fixes, capture_sizes=(4,), lora_cases=(0,))
+    runner.capture_model()
+    runner.order = lambda: lockstep(runner, rank, "cpu")
+    weight = runner.weights["target"]
+    partials = []  # per replay: each rank's partial product
+    for k in range(3):
+        hidden = torch.randn(4, 16, generator=torch.Generator().manual_seed(50 + k))
+        out = runner.step(hidden, 0, draft=False)[0].clone()
+        partials.append(
+            [hidden[:, r * 8 : (r + 1) * 8] @ weight[r * 8 : (r + 1) * 8] for r in (0, 1)]
+        )
+        right = partials[k][0] + partials[k][1]
+        if ROUND in fixes or rank == 1 or k == 0:  # rank 1 always waits for rank 0's flag
+            assert torch.allclose(out, right, atol=1e-5), (rank, k)
+        else:  # rank 0's wait passed on the last replay's flag: rank 1's last partial
+            assert torch.allclose(out, partials[k][0] + partials[k - 1][1], atol=1e-5), k
+    assert runner.comm.expired() == 0
+    calls = runner.comm.progress(rank)[0]  # the warm-up's two, the capture's none, 3 replays
+    assert calls == 2 + 3 and runner.comm.round == 1 + 2 + 2  # the host's: captured ones once
+    assert int(runner.comm.counter.item()) == (calls if ROUND in fixes else 0)
+
+
+@EPOCH
+def test_fixed_every_replay_waits_for_the_peers_new_flag(tmp_path: Path) -> None:
+    _two_ranks(_replayed, tmp_path, ALL_FIXES)
+
+
+@EPOCH
+def test_buggy_a_second_replay_reads_the_peers_last_partial(tmp_path: Path) -> None:
+    _two_ranks(_replayed, tmp_path, ALL_FIXES - {ROUND})

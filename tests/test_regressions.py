@@ -255,6 +255,17 @@ REQUIRED_AXES = {
             "eager all-reduce through the registered buffer",
         },
     },
+    # the all-reduce's round under replay: one graph replayed in a row (the stale flag),
+    # graphs alternating, eager calls between them
+    "allreduce_flag_epoch": {
+        **GRAPHS,
+        "graph_modes": {"NONE", "FULL"},
+        "states": {
+            "one graph replayed several times in a row",
+            "graphs replayed alternately",
+            "eager all-reduce through the registered buffer",
+        },
+    },
 }
 
 

@@ -110,6 +110,7 @@ class CustomAllReduce:
         else:
             self.launch(self.buffer.local[:n].copy_, inp.reshape(-1))
             ptrs = self.rank_data[0]
+        # fix: allreduce_device_round -- the kernel takes its round from the device's counter
         device_round = Fix.ALLREDUCE_DEVICE_ROUND in self.fixes
         self.launch(
             custom_allreduce,

@@ -19,6 +19,8 @@ it, inside the window, before its all-reduce's rank-data rows are registered (vL
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from harness.fixes import ALL_FIXES, Fix, Variant
@@ -77,6 +79,9 @@ class TPSpecRunner:
         self.hidden, self.target_out, self.draft_out = zeros(), zeros(), zeros()
         self.graphs: dict[Key, Graph] = {}
         self.replayed_in_window: list[Key] = []  # what the scenario reports
+        # called before each model's run outside the capture window (a scenario's forced order
+        # of the ranks' all-reduces: each run holds one)
+        self.order: Callable[[], None] | None = None
         self.pool = None  # GPU: one poisoned pool for every graph, made at the first capture
 
     # -- forward ------------------------------------------------------------------------------
@@ -90,6 +95,8 @@ class TPSpecRunner:
         """With graphs: replay `key`'s graph if captured, else capture it inside the capture
         window (elsewhere: eager, as a descriptor no graph serves). Without: eager."""
         model, n = key[0], key[1]
+        if self.order is not None and not self.comm.in_window:
+            self.order()
         if graphs and key in self.graphs:
             if self.comm.in_window:
                 self.replayed_in_window.append(key)
@@ -103,10 +110,14 @@ class TPSpecRunner:
         else:
             self._forward(model, n)
 
-    def dummy_run(self, num_tokens: int, lora_case: int, graphs: bool = False) -> None:
+    def dummy_run(
+        self, num_tokens: int, lora_case: int, graphs: bool = False, draft: bool = True
+    ) -> None:
         """The target's run at `num_tokens` for `lora_case`, then the drafter's (graphs:
         through their graphs, captured if missing inside the capture window)."""
         self._run(("target", num_tokens, lora_case), graphs)
+        if not draft:
+            return
         draft_key: Key = ("draft", num_tokens)  # upstream: the drafter's own descriptor
         if Fix.DRAFT_GRAPH_LORA_KEY in self.fixes:
             # fix: draft_graph_lora_key -- the drafter's dummy run takes the target's descriptor,
@@ -126,14 +137,16 @@ class TPSpecRunner:
 
     # -- steps --------------------------------------------------------------------------------
 
-    def step(self, hidden: torch.Tensor, lora_case: int, use_graph: bool = True):
-        """A step of `hidden` (its rows the step's tokens): the target, then the drafter, each
-        replaying its graph for the smallest captured size that fits (eager: none fits, or not
-        use_graph). Views of target_out and draft_out."""
+    def step(
+        self, hidden: torch.Tensor, lora_case: int, use_graph: bool = True, draft: bool = True
+    ):
+        """A step of `hidden` (its rows the step's tokens): the target, then the drafter (not
+        without `draft`), each replaying its graph for the smallest captured size that fits
+        (eager: none fits, or not use_graph). Views of target_out and draft_out."""
         n = hidden.shape[0]
         self.hidden[:n].copy_(hidden)
         fits = [s for s in self.capture_sizes if s >= n] if use_graph else []
         size = min(fits) if fits else n
         self.hidden[n:size].zero_()  # padding rows
-        self.dummy_run(size, lora_case, graphs=bool(fits))
+        self.dummy_run(size, lora_case, graphs=bool(fits), draft=draft)
         return self.target_out[:n], self.draft_out[:n]
