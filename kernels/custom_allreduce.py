@@ -38,7 +38,9 @@ from kernels import launch  # noqa: F401  # the interpreter's patches (CPU runs)
 START, END, CALLS, SPINNING, DONE, EXPIRED = 0, 8, 16, 17, 18, 19
 SIGNAL_WORDS = 20  # int32 words per rank (START and END rows: up to 8 ranks)
 MAX_RANKS = 8
-MAX_SPIN = 1 << 22  # loads per wait: far past any fixed run's wait, on either device
+# loads per wait: far past any fixed run's wait (on a GPU, a local volatile load takes about a
+# microsecond: a minute of spinning, past a peer's first compile or a time slice of a shared GPU)
+MAX_SPIN = 1 << 26
 # the same offsets, as the kernels see them
 _START, _END, _CALLS = tl.constexpr(START), tl.constexpr(END), tl.constexpr(CALLS)
 _SPINNING, _DONE, _EXPIRED = tl.constexpr(SPINNING), tl.constexpr(DONE), tl.constexpr(EXPIRED)

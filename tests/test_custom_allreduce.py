@@ -184,3 +184,22 @@ def test_fixed_every_replay_waits_for_the_peers_new_flag(tmp_path: Path) -> None
 @EPOCH
 def test_buggy_a_second_replay_reads_the_peers_last_partial(tmp_path: Path) -> None:
     _two_ranks(_replayed, tmp_path, ALL_FIXES - {ROUND})
+
+
+@REGISTER
+@EPOCH
+@pytest.mark.parametrize("device_round", [True, False])
+def test_a_wait_for_a_peer_that_never_comes_is_bounded(device_round) -> None:
+    """A peer that never writes its flags: each wait gives up after max_spin loads and counts
+    itself in EXPIRED (the caller's check), so no variant can hang in the kernel."""
+    from kernels.custom_allreduce import EXPIRED, SIGNAL_WORDS, START, custom_allreduce
+
+    words = [torch.zeros(SIGNAL_WORDS, dtype=torch.int32) for _ in range(2)]
+    inputs = [torch.full((4,), 1.0 + r) for r in range(2)]
+    table = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64)
+    out = torch.zeros(4)
+    counter = torch.zeros(1, dtype=torch.int32)
+    custom_allreduce(table(inputs), table(words), counter, out, 1, 0, device_round, max_spin=50)
+    assert words[0][EXPIRED] == 2  # the start and the end wait for rank 1
+    assert words[1][START] == 1  # rank 0's flag, written into its peer's words
+    assert out.tolist() == [3.0] * 4
