@@ -101,6 +101,15 @@ class Fix(enum.Enum):
     # the token count agreed across the ranks (their max), not the bucket of its local batch,
     # so the ranks pass one geometry to the all-to-all's fixed-layout receive buffers
     EP_GRAPH_BUCKET_AGREED = "ep_graph_bucket_agreed"
+    # vLLM #28318 (car_register_before_replay; issue #28334, open): the drafter's dummy run is
+    # given the target's batch descriptor, its LoRA case included, so each LoRA case captures a
+    # draft graph of its own instead of replaying one inside the custom all-reduce's capture
+    # window, before the graphs' buffers are registered
+    DRAFT_GRAPH_LORA_KEY = "draft_graph_lora_key"
+    # vLLM #46913 (allreduce_flag_epoch; ROCm/aiter #3928, SGLang #29508): the all-reduce's
+    # round ("flag color") is a counter in device memory the kernel advances at each call, not
+    # a host scalar a CUDA graph freezes at capture
+    ALLREDUCE_DEVICE_ROUND = "allreduce_device_round"
 
 
 Variant = frozenset[Fix]

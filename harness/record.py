@@ -107,6 +107,18 @@ STATES = (
     # (capture sizes), and in one bucket with different counts
     "EP ranks' batches in different graph buckets",
     "EP ranks' batches in one graph bucket",
+    # a custom all-reduce's graphs (harness/runner/custom_allreduce.py): a graph replayed inside
+    # the capture window, before its buffers are registered, and after it closes; the window's
+    # first graph and its later ones; its eager (registered buffer) path
+    "graph replayed inside the capture window",
+    "graph replayed after the capture window",
+    "the capture window's first graph and later ones",
+    "eager all-reduce through the registered buffer",
+    # a graph whose all-reduce is the only writer of the flags between two of its replays (the
+    # same graph replayed in a row), and graphs replayed alternately (each replay's flags
+    # overwritten by another's)
+    "one graph replayed several times in a row",
+    "graphs replayed alternately",
 )
 
 

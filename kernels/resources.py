@@ -272,6 +272,15 @@ def _ep(hidden: int, ep: int, experts_per_rank: int, rows: int) -> None:
     ep_expert_combine(weights, table, table, table, rows, 0)
 
 
+def _custom_allreduce(world: int, numel: int, **switches: bool) -> None:
+    """The custom all-reduce: every rank's input read through an address table, flags in the
+    ranks' signal words (a round from the device's counter, or the host's argument)."""
+    from kernels.custom_allreduce import custom_allreduce
+
+    i64 = lambda *s: torch.empty(*s, dtype=torch.int64)
+    custom_allreduce(i64(world), i64(world), _i32(1), _empty(numel), 7, world - 1, **switches)
+
+
 # (label, launcher calls): the largest sizes of each domain and each path's boundaries
 SHAPES: list[tuple[str, Callable[[], None]]] = [
     ("align small path, 1020 pairs, 64 experts, 32 loras", lambda: _align(170, 6, 64, 32)),
@@ -327,6 +336,12 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
     # the expert-parallel layer's shape (ep_graph_bucket_local), and a wider one on 8 ranks
     ("ep dispatch and experts, hidden 16, 2 ranks x 2 experts", lambda: _ep(16, 2, 2, 8)),
     ("ep dispatch and experts, hidden 128, 8 ranks x 4 experts", lambda: _ep(128, 8, 4, 256)),
+    # the runner's TP all-reduce (128 elements) and the kernel's largest world
+    ("custom all-reduce, 2 ranks, 128 elements", lambda: _custom_allreduce(2, 128)),
+    (
+        "custom all-reduce, 8 ranks, 4096 elements, host round",
+        lambda: _custom_allreduce(8, 4096, device_round=False),
+    ),
 ]
 
 # The fp8 (e4m3) KV cache: Triton has fp8e4nv from sm_89 on only; for sm_80 it refuses the type

@@ -6,6 +6,7 @@ from __future__ import annotations
 from harness.fixes import UsageError
 from harness.record import BugRecord
 from repro.bugs import (
+    allreduce_flag_epoch,
     async_output_lifetime,
     async_pinned_race,
     async_placeholder_leak,
@@ -13,6 +14,7 @@ from repro.bugs import (
     block_table_graph_wake,
     block_table_wake,
     capture_first_call,
+    car_register_before_replay,
     dp_drafter_boundary_hang,
     dp_zero_token_skip,
     ep_graph_bucket_local,
@@ -71,8 +73,10 @@ BUGS: tuple[BugRecord, ...] = (
     async_window_free.RECORD,
     # ranks that must agree (issue 43), in upstream fix order
     rank_rng_divergence.RECORD,
+    car_register_before_replay.RECORD,
     dp_zero_token_skip.RECORD,
     dp_drafter_boundary_hang.RECORD,
+    allreduce_flag_epoch.RECORD,
     ep_graph_bucket_local.RECORD,
 )
 

@@ -255,6 +255,29 @@ REQUIRED_AXES = {
             "one DP rank idle, its peer busy",
         },
     },
+    # a custom all-reduce's captured calls: a graph replayed inside the capture window and
+    # after it, the window's first graph and later ones, and the eager path beside them
+    "car_register_before_replay": {
+        **GRAPHS,
+        "graph_modes": {"NONE", "FULL"},
+        "states": {
+            "graph replayed inside the capture window",
+            "graph replayed after the capture window",
+            "the capture window's first graph and later ones",
+            "eager all-reduce through the registered buffer",
+        },
+    },
+    # the all-reduce's round under replay: one graph replayed in a row (the stale flag),
+    # graphs alternating, eager calls between them
+    "allreduce_flag_epoch": {
+        **GRAPHS,
+        "graph_modes": {"NONE", "FULL"},
+        "states": {
+            "one graph replayed several times in a row",
+            "graphs replayed alternately",
+            "eager all-reduce through the registered buffer",
+        },
+    },
 }
 
 

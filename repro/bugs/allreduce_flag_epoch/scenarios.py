@@ -1,0 +1,89 @@
+"""Scenarios of allreduce_flag_epoch (vLLM #46913, ROCm/aiter #3928, SGLang #29508): each
+function's docstring is its bug report.
+
+The record (fix parts, expected outcomes) is in the package; see its docstring.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from harness.oracle import close, expect_all
+from harness.record import Context
+from harness.runner.tensor_parallel import TPSpecRunner
+from repro.bugs.car_register_before_replay.scenarios import references, step_inputs, tp_runner
+
+# (tokens, through graphs, with the drafter): eager; size 8's target graph three times in a row
+# (its all-reduce the sole writer of the flags between them); size 4's twice; the target's and
+# the drafter's graphs alternating (each replay's flags differ from the last); eager again
+STEPS = (
+    (6, False, True),
+    (8, True, False),
+    (7, True, False),
+    (5, True, False),
+    (3, True, False),
+    (4, True, False),
+    (8, True, True),
+    (2, True, True),
+    (6, False, False),
+)
+ORDER_LIMIT_S = 60.0  # a peer that never reaches its call: the harness broke (never by design)
+
+
+def lockstep(runner: TPSpecRunner, rank: int, device: str) -> None:
+    """Before this rank's next all-reduce call: rank 1 waits until rank 0 has completed that
+    call or is spinning in it, waiting for rank 1's start flag; rank 0 waits until rank 1 has
+    completed the call before. So rank 0 always reaches each call first, and the stale read,
+    where a flag allows it, happens on every run (an order, never a timing)."""
+    comm = runner.comm
+    if device == "cuda":
+        torch.cuda.synchronize()  # this rank's calls so far are complete
+    call = comm.progress(rank)[0] + 1
+    deadline = time.monotonic() + ORDER_LIMIT_S
+    while True:
+        done, spinning = comm.progress(1 - rank)
+        if (rank == 0 and done >= call - 1) or (rank == 1 and max(done, spinning) >= call):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank {1 - rank} never reached all-reduce call {call}")
+
+
+def replayed_round_flags(ctx: Context) -> str:
+    """Two tensor-parallel ranks, a target and a drafter of one row-parallel projection each,
+    their partial sums reduced by the custom all-reduce, whose start and end barriers wait for
+    each peer's flag to equal the call's round. Graphs of sizes 8 and 4 are captured inside the
+    capture window and registered. Then nine steps, each with new hidden states: eager; size
+    8's target graph three times in a row (steps without the drafter); size 4's twice; target
+    and drafter graphs alternating; eager again. A forced order (`lockstep`) has rank 0 reach
+    each all-reduce first: rank 1 launches its call only once rank 0 has completed it or spins
+    in it waiting for rank 1's flag. Each rank checks its outputs against the float64 sum of
+    both ranks' partial products of that step.
+
+    Fixed: the round is a counter in device memory the kernel advances at every call, replays
+    included (vLLM #46913); rank 0 always finds a flag older than the call's round and spins
+    until rank 1's call writes it: every step as reference. Buggy: the round is a host
+    argument, frozen into each graph when it was captured; at the second replay in a row of a
+    graph, rank 0's flags from rank 1 already hold that value (the last replay left it), its
+    wait returns at once, and it sums rank 1's partial of the previous step: rank 0's target
+    output is wrong at step 2 (wrong_result; upstream: quick-reduce's silently wrong
+    all-reduce in graph mode). The first replay of each graph, graphs alternating, and eager
+    calls (the host's round advances) stay right.
+    """
+    runner = tp_runner(ctx, capture_sizes=(8, 4), lora_cases=(0,))
+    runner.capture_model()
+    runner.order = lambda: lockstep(runner, ctx.rank, ctx.device)
+    problems, hidden_size = [], runner.hidden.shape[1]
+    for i, (n, graphs, draft) in enumerate(STEPS):
+        hidden = step_inputs(i, n, hidden_size).to(ctx.device)
+        target, drafted = runner.step(hidden, 0, use_graph=graphs, draft=draft)
+        expected_target, expected_draft = references(runner, hidden.cpu())
+        mine = f"step {i} ({n} tokens, {'graphs' if graphs else 'eager'}): rank {ctx.rank}"
+        problems.append(close(f"{mine} target vs reference", target, expected_target))
+        if draft:
+            problems.append(close(f"{mine} drafter vs reference", drafted, expected_draft))
+    if runner.comm.expired():
+        problems.append(f"rank {ctx.rank}: {runner.comm.expired()} waits ran out of spins")
+    expect_all(problems)
+    return f"{len(STEPS)} steps as reference, rank 0 first at every all-reduce"
