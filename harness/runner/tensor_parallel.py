@@ -62,12 +62,19 @@ class TPSpecRunner:
         capture_sizes: tuple[int, ...] = (8, 4),
         lora_cases: tuple[int, ...] = (1, 0),
         seed: int = 0,
+        name: str = "car",  # the all-reduce's buffers' name (unique within a run)
     ) -> None:
         self.parallel, self.device, self.fixes = parallel, device, fixes
         self.capture_sizes, self.lora_cases = capture_sizes, lora_cases
         self.launch = Launcher()
         self.comm = CustomAllReduce(
-            parallel, device, directory, self.launch, fixes, max_numel=max_num_tokens * hidden_size
+            parallel,
+            device,
+            directory,
+            self.launch,
+            fixes,
+            max_numel=max_num_tokens * hidden_size,
+            name=name,
         )
         g = torch.Generator().manual_seed(seed)  # every rank's weights alike
         shape = (hidden_size, hidden_size)
@@ -79,6 +86,7 @@ class TPSpecRunner:
         self.hidden, self.target_out, self.draft_out = zeros(), zeros(), zeros()
         self.graphs: dict[Key, Graph] = {}
         self.replayed_in_window: list[Key] = []  # what the scenario reports
+        self.replayed: list[Key] = []  # every graph replayed after the window, in order
         # called before each model's run outside the capture window (a scenario's forced order
         # of the ranks' all-reduces: each run holds one)
         self.order: Callable[[], None] | None = None
@@ -98,8 +106,7 @@ class TPSpecRunner:
         if self.order is not None and not self.comm.in_window:
             self.order()
         if graphs and key in self.graphs:
-            if self.comm.in_window:
-                self.replayed_in_window.append(key)
+            (self.replayed_in_window if self.comm.in_window else self.replayed).append(key)
             self.graphs[key].replay()
         elif graphs and self.comm.in_window:
             if self.device == "cuda" and self.pool is None:
