@@ -118,6 +118,10 @@ STATES = (
     # same graph replayed in a row), and graphs replayed alternately (each replay's flags
     # overwritten by another's)
     "one graph replayed several times in a row",
+    # the communicator's first call (its flags as allocated), and eager calls between replays
+    # for long enough that the replays outnumber the host's calls since the capture
+    "the all-reduce's first call",
+    "eager calls between replays, the replays outnumbering them",
     "graphs replayed alternately",
 )
 

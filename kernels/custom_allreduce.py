@@ -10,7 +10,8 @@ each rank's words):
     START + r  rank r's round, written by rank r when its input is ready (the start flag)
     END + r    rank r's round, written by rank r when it has read every input (the end flag)
     CALLS      calls entered by this rank's kernel
-    SPINNING   the call that last had to wait for a peer's start flag (written before it spins)
+    SPINNING   the call that last had to wait for a peer's flag, start or end (written before
+               it spins)
     DONE       calls this rank's kernel completed
     EXPIRED    calls whose wait ran out of spins (a bound, never reached by a correct run)
 
@@ -83,13 +84,12 @@ def _signal(signals, rank):
 
 
 @triton.jit
-def _wait(flag, value, own, call, MARK: tl.constexpr, MAX_SPIN: tl.constexpr):
-    """Spin until *flag == value (at most MAX_SPIN loads); MARK: first publish, in this rank's
-    SPINNING word, that call `call` waits."""
+def _wait(flag, value, own, call, MAX_SPIN: tl.constexpr):
+    """Spin until *flag == value (at most MAX_SPIN loads), first publishing in this rank's
+    SPINNING word that call `call` waits (a peer's host may order itself on it)."""
     seen = tl.load(flag, volatile=True)
-    if MARK:  # noqa: SIM102 (a constexpr: no branch compiled without it)
-        if seen != value:
-            tl.atomic_xchg(own + _SPINNING, call, sem="release", scope="sys")
+    if seen != value:
+        tl.atomic_xchg(own + _SPINNING, call, sem="release", scope="sys")
     spins = 0
     while (seen != value) & (spins < MAX_SPIN):
         seen = tl.load(flag, volatile=True)
@@ -126,7 +126,7 @@ def _custom_allreduce_kernel(
     for r in tl.static_range(WORLD):
         tl.atomic_xchg(_signal(signals, r) + _START + RANK, rnd, sem="release", scope="sys")
     for r in tl.static_range(WORLD):
-        _wait(own + _START + r, rnd, own, call, True, MAX_SPIN)
+        _wait(own + _START + r, rnd, own, call, MAX_SPIN)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -137,6 +137,6 @@ def _custom_allreduce_kernel(
     for r in tl.static_range(WORLD):
         tl.atomic_xchg(_signal(signals, r) + _END + RANK, rnd, sem="release", scope="sys")
     for r in tl.static_range(WORLD):
-        _wait(own + _END + r, rnd, own, call, False, MAX_SPIN)
+        _wait(own + _END + r, rnd, own, call, MAX_SPIN)
     tl.store(out + offs, acc, mask=mask)
     tl.atomic_add(own + _DONE, 1, sem="release", scope="sys")

@@ -161,7 +161,8 @@ class CustomAllReduce:
 
     def progress(self, rank: int) -> tuple[int, int]:
         """Rank `rank`'s kernel calls completed, and the last call that waited for a peer's
-        start flag (read from its signal words; on a GPU, a read of the peer's memory)."""
+        flag, start or end (read from its signal words; on a GPU, a read of the peer's
+        memory)."""
         words = self.signal.peers[rank]
         return int(words[DONE].item()), int(words[SPINNING].item())
 

@@ -88,6 +88,8 @@ RECORD = BugRecord(
                     "one graph replayed several times in a row",
                     "graphs replayed alternately",
                     "eager all-reduce through the registered buffer",
+                    "the all-reduce's first call",
+                    "eager calls between replays, the replays outnumbering them",
                 ),
             ),
             signature=r"step 2 \(7 tokens, graphs\): rank 0 target vs reference: \d+/\d+ differ",

@@ -15,9 +15,11 @@ from harness.record import Context
 from harness.runner.tensor_parallel import TPSpecRunner
 from repro.bugs.car_register_before_replay.scenarios import references, step_inputs, tp_runner
 
-# (tokens, through graphs, with the drafter): eager; size 8's target graph three times in a row
-# (its all-reduce the sole writer of the flags between them); size 4's twice; the target's and
-# the drafter's graphs alternating (each replay's flags differ from the last); eager again
+# (tokens, through graphs, with the drafter): eager (before the capture: the communicator's
+# first call); size 8's target graph three times in a row (its all-reduce the sole writer of
+# the flags between them); size 4's twice; the target's and the drafter's graphs alternating
+# (each replay's flags differ from the last); eager again
+FIRST = ((5, False, False),)
 STEPS = (
     (6, False, True),
     (8, True, False),
@@ -29,12 +31,17 @@ STEPS = (
     (2, True, True),
     (6, False, False),
 )
+# then eager and graph calls interleaved, two replays to one eager call, long enough for the
+# replays' calls to outnumber the host's since the capture (a round kept apart for each
+# would meet the other's: the eager call's flags left holding the next replay's round; an
+# independent regression that did so died within 8 cycles on the CPU, 12 leave a margin)
+CATCH_UP = ((3, False, False), (4, True, False), (8, True, False)) * 12
 ORDER_LIMIT_S = 60.0  # a peer that never reaches its call: the harness broke (never by design)
 
 
 def lockstep(runner: TPSpecRunner, rank: int, device: str) -> None:
     """Before this rank's next all-reduce call: rank 1 waits until rank 0 has completed that
-    call or is spinning in it, waiting for rank 1's start flag; rank 0 waits until rank 1 has
+    call or is spinning in it, waiting for one of rank 1's flags; rank 0 waits until rank 1 has
     completed the call before. So rank 0 always reaches each call first, and the stale read,
     where a flag allows it, happens on every run (an order, never a timing)."""
     comm = runner.comm
@@ -72,18 +79,30 @@ def replayed_round_flags(ctx: Context) -> str:
     calls (the host's round advances) stay right.
     """
     runner = tp_runner(ctx, capture_sizes=(8, 4), lora_cases=(0,))
-    runner.capture_model()
     runner.order = lambda: lockstep(runner, ctx.rank, ctx.device)
-    problems, hidden_size = [], runner.hidden.shape[1]
-    for i, (n, graphs, draft) in enumerate(STEPS):
-        hidden = step_inputs(i, n, hidden_size).to(ctx.device)
-        target, drafted = runner.step(hidden, 0, use_graph=graphs, draft=draft)
-        expected_target, expected_draft = references(runner, hidden.cpu())
-        mine = f"step {i} ({n} tokens, {'graphs' if graphs else 'eager'}): rank {ctx.rank}"
-        problems.append(close(f"{mine} target vs reference", target, expected_target))
-        if draft:
-            problems.append(close(f"{mine} drafter vs reference", drafted, expected_draft))
+    problems = walk(ctx, runner, FIRST, "first", 100)
+    runner.capture_model()
+    problems += walk(ctx, runner, STEPS, "step", 0)
+    problems += walk(ctx, runner, CATCH_UP, "catch-up", 200)
     if runner.comm.expired():
         problems.append(f"rank {ctx.rank}: {runner.comm.expired()} waits ran out of spins")
     expect_all(problems)
-    return f"{len(STEPS)} steps as reference, rank 0 first at every all-reduce"
+    steps = len(FIRST) + len(STEPS) + len(CATCH_UP)
+    return f"{steps} steps as reference, rank 0 first at every all-reduce"
+
+
+def walk(ctx: Context, runner: TPSpecRunner, steps, label: str, seed: int) -> list[str | None]:
+    """Run `steps` (tokens, through graphs, with the drafter), each with hidden states of its
+    own (seeds from `seed` on: a stale read never finds equal values), each rank's outputs
+    against the float64 reference."""
+    problems: list[str | None] = []
+    hidden_size = runner.hidden.shape[1]
+    for i, (n, graphs, draft) in enumerate(steps):
+        hidden = step_inputs(seed + i, n, hidden_size).to(ctx.device)
+        target, drafted = runner.step(hidden, 0, use_graph=graphs, draft=draft)
+        expected_target, expected_draft = references(runner, hidden.cpu())
+        mine = f"{label} {i} ({n} tokens, {'graphs' if graphs else 'eager'}): rank {ctx.rank}"
+        problems.append(close(f"{mine} target vs reference", target, expected_target))
+        if draft:
+            problems.append(close(f"{mine} drafter vs reference", drafted, expected_draft))
+    return problems
