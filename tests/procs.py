@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import time
+import traceback
 import uuid
 from pathlib import Path
 
@@ -118,3 +120,35 @@ def repro_run(bug: str, variant: str) -> str:
     done = subprocess.run(repro_command(*argv), capture_output=True, text=True, timeout=300)
     print(f"repro run {bug} --variant {variant}: {time.monotonic() - start:.1f}s", file=sys.stderr)
     return done.stdout + done.stderr
+
+
+def forked_ranks(target, directory: Path, *args) -> None:
+    """Run target(rank, str(directory), *args) in two ranks forked from the test, joined over
+    gloo (a FileStore in `directory`); fail on any rank's error, exit or hang (120 s)."""
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+
+    def main(rank: int) -> None:
+        import torch.distributed as dist
+
+        try:
+            store = dist.FileStore(str(directory / "store"), 2)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+            target(rank, str(directory), *args)
+            dist.barrier()
+            dist.destroy_process_group()
+        except BaseException:
+            errors.put(f"rank {rank}: {traceback.format_exc()}")
+            raise
+
+    ranks = [context.Process(target=main, args=(r,)) for r in range(2)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(120)
+    alive = [p for p in ranks if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, "a rank did not finish in 120 s"
+    assert errors.empty(), errors.get()
+    assert [p.exitcode for p in ranks] == [0, 0]

@@ -11,8 +11,6 @@ processes."""
 
 from __future__ import annotations
 
-import multiprocessing
-import traceback
 from pathlib import Path
 
 import pytest
@@ -23,41 +21,11 @@ from harness.runner.cudagraph import Graph
 from harness.runner.custom_allreduce import UNREGISTERED
 from harness.runner.parallel import ParallelConfig
 from harness.runner.tensor_parallel import TPSpecRunner
+from tests import procs
 
 pytestmark = [pytest.mark.distributed, pytest.mark.cpu_job]
 REGISTER = pytest.mark.car_register_before_replay
 KEY = Fix.DRAFT_GRAPH_LORA_KEY
-
-
-def _two_ranks(target, tmp_path: Path, *args) -> None:
-    """Run target(rank, directory, *args) in two forked ranks over gloo; fail on any error."""
-    context = multiprocessing.get_context("fork")
-    errors = context.Queue()
-
-    def main(rank: int) -> None:
-        import torch.distributed as dist
-
-        try:
-            store = dist.FileStore(str(tmp_path / "store"), 2)
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-            target(rank, str(tmp_path), *args)
-            dist.barrier()
-            dist.destroy_process_group()
-        except BaseException:
-            errors.put(f"rank {rank}: {traceback.format_exc()}")
-            raise
-
-    procs = [context.Process(target=main, args=(r,)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    assert not alive, "a rank did not finish in 120 s"
-    assert errors.empty(), errors.get()
-    assert [p.exitcode for p in procs] == [0, 0]
 
 
 def _tp(rank: int) -> ParallelConfig:
@@ -81,7 +49,7 @@ def _eager_sums(rank: int, directory: str, fixes) -> None:
 @pytest.mark.allreduce_flag_epoch
 @pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {Fix.ALLREDUCE_DEVICE_ROUND}])
 def test_eager_all_reduce_sums_every_rank(tmp_path: Path, fixes) -> None:
-    _two_ranks(_eager_sums, tmp_path, fixes)
+    procs.forked_ranks(_eager_sums, tmp_path, fixes)
 
 
 def _registration(rank: int, directory: str) -> None:
@@ -107,7 +75,7 @@ def _registration(rank: int, directory: str) -> None:
 
 @REGISTER
 def test_captured_calls_take_rows_registered_at_the_window_end(tmp_path: Path) -> None:
-    _two_ranks(_registration, tmp_path)
+    procs.forked_ranks(_registration, tmp_path)
 
 
 def _capture_loop(fixes, monkeypatch, tmp_path: Path) -> TPSpecRunner:
@@ -178,12 +146,12 @@ def _replayed(rank: int, directory: str, fixes) -> None:
 
 @EPOCH
 def test_fixed_every_replay_waits_for_the_peers_new_flag(tmp_path: Path) -> None:
-    _two_ranks(_replayed, tmp_path, ALL_FIXES)
+    procs.forked_ranks(_replayed, tmp_path, ALL_FIXES)
 
 
 @EPOCH
 def test_buggy_a_second_replay_reads_the_peers_last_partial(tmp_path: Path) -> None:
-    _two_ranks(_replayed, tmp_path, ALL_FIXES - {ROUND})
+    procs.forked_ranks(_replayed, tmp_path, ALL_FIXES - {ROUND})
 
 
 @REGISTER
