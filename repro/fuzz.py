@@ -160,7 +160,29 @@ def draw_program(rng: random.Random) -> dict:
         state["captured"] = True
     for _ in range(rng.randint(2, MAX_OPS)):
         ops.append(_operation(rng, config, state))
+    _draw_readers(rng, config, ops)
     return {"config": config, "ops": ops}
+
+
+def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """The keys drawn after the operations (none changes which operations are valid), so a
+    seed draws the configuration and operations it drew before them, these keys added: the
+    MoE's router (a learned gate only with LoRA off), the speculator's draft prefill, the
+    cache-only layer, prompt logprobs, a backend that reorders the batch, and requests
+    restricted by allowed_token_ids."""
+    from repro.program import MAX_ALLOWED
+
+    config["moe"] = "hash" if config["lora"] else rng.choice(("hash", "gate", "gate_skip"))
+    config["speculator"] = rng.choice(("none", "none", "prefill", "padded"))
+    if config["speculator"] == "padded" and config["draft"] and config["backend"] == "flashmla":
+        config["speculator"] = "prefill"  # the padded drafter's graphs or the draft attention
+    config["extract"] = rng.random() < 0.5
+    config["prompt_logprobs"] = rng.random() < 0.5
+    config["reorder"] = rng.random() < 0.5
+    for op in ops:  # a request in four restricted by allowed_token_ids
+        for row in op[1] if op[0] == "step" else ():
+            if rng.random() < 0.25:
+                row.append(rng.randint(1, MAX_ALLOWED))
 
 
 def _add_lora(rng: random.Random, state: dict) -> list:
@@ -344,6 +366,9 @@ SIMPLEST = {
     "backend": "paged",
     "sizes": [4],
     "max_loras": 2,
+    "speculator": "none",
+    "extract": False,
+    "prompt_logprobs": False,
 }
 
 
@@ -391,7 +416,7 @@ def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
                 ops, evidence = candidate, found
     config = program["config"]
     for key, simplest in SIMPLEST.items():
-        if config[key] != simplest:
+        if config.get(key, simplest) != simplest:
             candidate = {"config": {**config, key: simplest}, "ops": ops}
             found = s.attempt(candidate)
             if found is not None:

@@ -23,7 +23,7 @@ from repro.fuzz import (
     minimize,
     programs,
 )
-from repro.program import invalid
+from repro.program import invalid, with_defaults
 from repro.registry import get
 
 CONFIG = {
@@ -100,6 +100,61 @@ def test_the_draw_reaches_kernel_blocks_and_windows() -> None:
         (k, w) for k in ("manager", "half") for w in (0, 8)
     }
     assert all(not c["window"] or c["backend"] == "paged" for c in drawn)
+
+
+def test_the_draw_reaches_the_hidden_state_readers() -> None:
+    """Issue 41 item 3: the learned-gate MoE (with LoRA off only), the speculator's draft
+    prefill (in the target's graphs or padded, in its own), the cache-only layer and prompt
+    logprobs are drawn, after the operations: a seed's operations are the ones it drew before
+    them."""
+    import random
+
+    from repro.fuzz import draw_program
+
+    drawn = [draw_program(random.Random(n)) for n in range(300)]
+    configs = [p["config"] for p in drawn]
+    assert {c["moe"] for c in configs} == {"hash", "gate", "gate_skip"}
+    assert all(c["moe"] == "hash" for c in configs if c["lora"])
+    assert {c["speculator"] for c in configs} == {"none", "prefill", "padded"}
+    assert {(c["extract"], c["prompt_logprobs"]) for c in configs} == {
+        (e, p) for e in (False, True) for p in (False, True)
+    }
+    later = ("moe", "speculator", "extract", "prompt_logprobs")
+    for program in drawn:
+        assert invalid(program) is None
+        # the same seed without these keys: the program is the one drawn before them
+        assert (
+            invalid(
+                {
+                    "config": {k: v for k, v in program["config"].items() if k not in later},
+                    "ops": program["ops"],
+                }
+            )
+            is None
+        )
+
+
+def test_reader_configs_are_checked() -> None:
+    gate = {**CONFIG, "moe": "gate"}
+    assert "expert LoRA" in invalid({"config": gate, "ops": []})
+    assert invalid({"config": {**gate, "lora": False}, "ops": []}) is None
+    padded = {**CONFIG, "speculator": "padded", "backend": "flashmla", "draft": True}
+    assert "one of them" in invalid({"config": padded, "ops": []})
+    assert invalid({"config": {**padded, "draft": False}, "ops": []}) is None
+    assert "speculator" in invalid({"config": {**CONFIG, "speculator": "eagle"}, "ops": []})
+    ops = [["capture"], ["step", [[0, 1, 3], [0, 2, 0]], 0]]
+    program = {
+        "config": {
+            **CONFIG,
+            "lora": False,
+            "moe": "gate_skip",
+            "speculator": "prefill",
+            "extract": True,
+            "prompt_logprobs": True,
+        },
+        "ops": ops,
+    }
+    assert invalid(json.loads(json.dumps(program))) is None
 
 
 @pytest.mark.parametrize(
@@ -206,7 +261,7 @@ def test_shrinking_keeps_only_what_the_finding_needs() -> None:
     search.outcome, search.found_after_s = Outcome.WRONG_RESULT, 0.0
     shrunk, evidence = minimize(search, program, runs.run(search.job(program)).evidence)
     assert shrunk["ops"] == [["add_lora", 2, False], ["capture"], ["step", [[2, 1, 7]], 2]]
-    assert shrunk["config"] == {**program["config"], **SIMPLEST}
+    assert with_defaults(shrunk["config"]) == with_defaults({**program["config"], **SIMPLEST})
     assert invalid(shrunk) is None and evidence.startswith("operation 2 (step)")
 
 
