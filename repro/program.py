@@ -194,37 +194,48 @@ class Machine:
             self.clear_kv()  # the engine drops what the KV cache held (wake left 0xFF bytes)
 
     def op_dummy(self, tokens: int, reqs: int) -> list[str | None]:
+        before = self.kv_snapshot()
         out = self.runner.execute_model(dummy_run=True, num_tokens=tokens, num_reqs=reqs)
         dummy = [Request(f"d{r}", (0,) * n) for r, n in enumerate(dummy_lengths(tokens, reqs))]
+        problems = _poisoned("dummy run", out) + self.kv_written_outside(before, [])
         if not self.kv_clean:
-            return _poisoned("dummy run", out)
+            return problems
         hidden, logits = step_reference(self.runner, dummy, dummy=True)
         return [
             close("dummy run hidden states vs base model", out.hidden_states, hidden),
             close("dummy run logits vs base model", out.logits, logits),
-            *_poisoned("dummy run", out),
+            *problems,
         ]
 
-    def kv_snapshot(self) -> list[torch.Tensor]:
+    def caches(self) -> list[tuple[str, int, torch.Tensor]]:
+        """Each cache a step writes through a slot mapping: (name, its group, the cache)."""
         kv = self.runner.kv_cache
-        return [c.clone() for c in (*kv.k_caches, *kv.v_caches)]
+        groups = len(kv.k_caches)
+        found = [
+            (f"{'KV'[i // groups]} cache group {i % groups}", i % groups, cache)
+            for i, cache in enumerate((*kv.k_caches, *kv.v_caches))
+        ]
+        if self.runner.cache_only is not None:  # group 0's slot mapping
+            found.append(("the cache-only layer's cache", 0, self.runner.cache_only.kv_cache))
+        return found
+
+    def kv_snapshot(self) -> list[torch.Tensor]:
+        return [cache.clone() for _, _, cache in self.caches()]
 
     def kv_written_outside(self, before: list[torch.Tensor], shape) -> list[str | None]:
         """The sentinel rule: the slots a step changed are its real tokens' (graph padding
-        tokens carry slot -1 and write nothing; a stale or wrapped slot overwrites another's)."""
+        tokens carry slot -1 and write nothing; a stale or wrapped slot overwrites another's).
+        A dummy run (shape []) writes none."""
         kv = self.runner.kv_cache
-        groups = len(kv.k_caches)
         problems = []
-        for i, (old, new) in enumerate(zip(before, (*kv.k_caches, *kv.v_caches), strict=True)):
-            g = i % groups
+        for old, (name, g, new) in zip(before, self.caches(), strict=True):
             mine = {kv.slot(g, row, c + p) for row, (_, n, c) in enumerate(shape) for p in range(n)}
             old, new = old.flatten(0, 1), new.flatten(0, 1)
             changed = ((old != new) & ~(old.isnan() & new.isnan())).flatten(1).any(1)
             stray = sorted(set(changed.nonzero().flatten().tolist()) - mine)
             if stray:
-                which = "KV"[i // groups]
                 problems.append(
-                    f"the step wrote {which} cache group {g} at slots {stray[:6]}, "
+                    f"the {'step' if shape else 'dummy run'} wrote {name} at slots {stray[:6]}, "
                     f"none of them a real token's (slot -1 read as a slot?)"
                 )
         return problems

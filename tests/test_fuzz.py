@@ -70,6 +70,9 @@ def test_every_drawn_program_is_valid(program) -> None:
         ([["step", [[0, 40, 0]], 0]], "tokens at most"),
         ([["step", [[0, 4, 30]], 0]], "lengths"),
         ([["dummy", 2, 3]], "sizes"),
+        ([["step", [[0, 1, 0, 9]], 0]], "allowed tokens"),
+        ([["step", [[0, 1, 0, 0]], 0]], "allowed tokens"),
+        ([["step", [[0, 1]], 0]], "requests are"),
         ([["jump"]], "an operation is"),
     ],
 )
@@ -116,13 +119,15 @@ def test_the_draw_reaches_the_hidden_state_readers() -> None:
     assert {c["moe"] for c in configs} == {"hash", "gate", "gate_skip"}
     assert all(c["moe"] == "hash" for c in configs if c["lora"])
     assert {c["speculator"] for c in configs} == {"none", "prefill", "padded"}
-    assert {(c["extract"], c["prompt_logprobs"]) for c in configs} == {
-        (e, p) for e in (False, True) for p in (False, True)
+    assert {(c["extract"], c["prompt_logprobs"], c["reorder"]) for c in configs} == {
+        (e, p, r) for e in (False, True) for p in (False, True) for r in (False, True)
     }
-    later = ("moe", "speculator", "extract", "prompt_logprobs")
+    rows = [r for p in drawn for op in p["ops"] if op[0] == "step" for r in op[1]]
+    assert {len(r) for r in rows} == {3, 4}, "some requests restricted by allowed_token_ids"
+    later = ("moe", "speculator", "extract", "prompt_logprobs", "reorder")
     for program in drawn:
         assert invalid(program) is None
-        # the same seed without these keys: the program is the one drawn before them
+        # without these keys (their first values) the operations are valid too
         assert (
             invalid(
                 {
@@ -142,7 +147,7 @@ def test_reader_configs_are_checked() -> None:
     assert "one of them" in invalid({"config": padded, "ops": []})
     assert invalid({"config": {**padded, "draft": False}, "ops": []}) is None
     assert "speculator" in invalid({"config": {**CONFIG, "speculator": "eagle"}, "ops": []})
-    ops = [["capture"], ["step", [[0, 1, 3], [0, 2, 0]], 0]]
+    ops = [["capture"], ["step", [[0, 1, 3], [0, 2, 0, 4]], 0]]
     program = {
         "config": {
             **CONFIG,
@@ -151,6 +156,7 @@ def test_reader_configs_are_checked() -> None:
             "speculator": "prefill",
             "extract": True,
             "prompt_logprobs": True,
+            "reorder": True,
         },
         "ops": ops,
     }
