@@ -375,8 +375,8 @@ SIMPLEST = {
 def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
     """Shrinking, operation-aware: the prefix up to the operation the oracle names (or the
     shortest failing prefix, by binary search), then each operation dropped, each step's
-    requests dropped, the configuration made plainer; each candidate kept when it is valid and
-    still shows the class, until the shrink deadline."""
+    requests dropped (and their allowed_token_ids), the configuration made plainer; each
+    candidate kept when it is valid and still shows the class, until the shrink deadline."""
 
     def tried(ops: list) -> str | None:
         return s.attempt({"config": program["config"], "ops": ops})
@@ -414,6 +414,13 @@ def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
             found = tried(candidate) if rows else None
             if found is not None:
                 ops, evidence = candidate, found
+        for row in range(len(ops[i][1])):  # a restricted request's allowed_token_ids dropped
+            if len(ops[i][1][row]) == 4:
+                rows = [*ops[i][1][:row], ops[i][1][row][:3], *ops[i][1][row + 1 :]]
+                candidate = [*ops[:i], ["step", rows, op[2]], *ops[i + 1 :]]
+                found = tried(candidate)
+                if found is not None:
+                    ops, evidence = candidate, found
     config = program["config"]
     for key, simplest in SIMPLEST.items():
         if config.get(key, simplest) != simplest:

@@ -243,7 +243,8 @@ class _Needs:
 
 def test_shrinking_keeps_only_what_the_finding_needs() -> None:
     """minimize() (no device): operations after the failing one, operations and sleep/wake
-    groups it does not need and requests it does not need go; the configuration gets plainer;
+    groups it does not need and requests it does not need go (and a request's allowed tokens);
+    the configuration gets plainer;
     the result still fails the same way and is a valid program."""
     program = {
         "config": {**CONFIG, "sizes": [4, 8], "tables_in_graph": True, "max_loras": 3},
@@ -256,7 +257,7 @@ def test_shrinking_keeps_only_what_the_finding_needs() -> None:
             ["sleep", 1],
             ["wake", ["weights"]],
             ["wake", ["kv_cache"]],
-            ["step", [[0, 1, 2], [2, 1, 7], [0, 1, 9]], 2],
+            ["step", [[0, 1, 2], [2, 1, 7, 3], [0, 1, 9]], 2],
             ["remove_lora", 2],
             ["step", [[1, 2, 4]], 3],
         ],
