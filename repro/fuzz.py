@@ -173,7 +173,7 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
     from repro.program import MAX_ALLOWED
 
     config["moe"] = "hash" if config["lora"] else rng.choice(("hash", "gate", "gate_skip"))
-    config["speculator"] = rng.choice(("none", "none", "prefill", "padded"))
+    config["speculator"] = rng.choice(("none", "prefill", "padded"))
     if config["speculator"] == "padded" and config["draft"] and config["backend"] == "flashmla":
         config["speculator"] = "prefill"  # the padded drafter's graphs or the draft attention
     config["extract"] = rng.random() < 0.5
