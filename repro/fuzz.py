@@ -168,8 +168,9 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
     """The keys drawn after the operations (none changes which operations are valid), so a
     seed draws the configuration and operations it drew before them, these keys added: the
     MoE's router (a learned gate only with LoRA off), the speculator's draft prefill, the
-    cache-only layer, prompt logprobs, a backend that reorders the batch, and requests
-    restricted by allowed_token_ids."""
+    cache-only layer, prompt logprobs, a backend that reorders the batch, requests
+    restricted by allowed_token_ids, and requests that reach the engine after a partial
+    wake."""
     from repro.program import MAX_ALLOWED
 
     config["moe"] = "hash" if config["lora"] else rng.choice(("hash", "gate", "gate_skip"))
@@ -183,6 +184,16 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
         for row in op[1] if op[0] == "step" else ():
             if rng.random() < 0.25:
                 row.append(rng.randint(1, MAX_ALLOWED))
+    served, asleep = [], set()  # after a partial wake, a request reaches the engine (one in 2)
+    for op in ops:
+        served.append(op)
+        if op[0] == "sleep":
+            asleep = {"weights", "kv_cache"}
+        elif op[0] == "wake":
+            asleep -= set(op[1] or asleep)
+            if asleep and rng.random() < 0.5:
+                served.append(["serve", rng.randint(1, 8), rng.randint(0, 99)])
+    ops[:] = served
 
 
 def _add_lora(rng: random.Random, state: dict) -> list:
@@ -399,8 +410,8 @@ def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
     for i in reversed(range(len(ops))):
         if i >= len(ops):
             continue
-        end = i + 1  # a sleep goes with the wakes that follow it
-        while ops[i][0] == "sleep" and end < len(ops) and ops[end][0] == "wake":
+        end = i + 1  # a sleep goes with the wakes (and requests served) that follow it
+        while ops[i][0] == "sleep" and end < len(ops) and ops[end][0] in ("wake", "serve"):
             end += 1
         found = tried(ops[:i] + ops[end:])
         if found is not None:

@@ -21,6 +21,8 @@ attention); operations:
                               fourth entry k: the request's allowed_token_ids, k seeded tokens)
   ["sleep", level]            the worker sleeps (1: weights offloaded, 2: discarded)
   ["wake", tags]              wake_up(tags): null (all), ["weights"] or ["kv_cache"]
+  ["serve", tokens, seed]     while a tag sleeps: a request reaches the engine core (sleep and
+                              wake go through it), one iteration of its loop (it must wait)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from harness.oracle import close, expect_all, step_problems
 from harness.record import Context
 from harness.reference import draft_reference, step_reference
 from harness.runner.cudagraph import CUDAGraphMode
+from harness.runner.engine import EngineCore
 from harness.runner.input_batch import Request, decode_first_swaps, dummy_lengths
 from harness.runner.model import ModelConfig
 from harness.runner.model_runner import ModelOutput, RunnerConfig
@@ -153,6 +156,7 @@ class Machine:
     def __init__(self, ctx: Context, config: dict) -> None:
         self.ctx, self.config = ctx, config
         self.worker = Worker(runner_config(ctx, config))
+        self.engine = EngineCore(self.worker)  # sleep, wake and requests that arrive between
         self.runner = self.worker.model_runner
         # the cache-only layer's slots a step's real token wrote -> the hidden state it wrote
         self.extracted: dict[int, torch.Tensor] = {}
@@ -186,12 +190,23 @@ class Machine:
             self.extracted.clear()  # and the cache-only layer's states
 
     def op_sleep(self, level: int) -> None:
-        self.worker.sleep(level)
+        self.engine.sleep(level)
 
     def op_wake(self, tags: list[str] | None) -> None:
-        self.worker.wake_up(tags)
+        self.engine.wake_up(tags)
         if tags is None or "kv_cache" in tags:
             self.clear_kv()  # the engine drops what the KV cache held (wake left 0xFF bytes)
+
+    def op_serve(self, tokens: int, token_seed: int) -> list[str | None]:
+        """A request reaches the engine while a tag sleeps, and one iteration of its loop: the
+        request must wait (nothing runs while a tag's memory is released)."""
+        gen = torch.Generator().manual_seed(token_seed)
+        vocab = self.runner.model.config.vocab_size
+        self.engine.add_request(torch.randint(0, vocab, (tokens,), generator=gen).tolist())
+        ran = self.engine.step()
+        if ran is not None:
+            return [f"the engine ran {len(ran.requests)} requests while a tag sleeps"]
+        return []
 
     def op_dummy(self, tokens: int, reqs: int) -> list[str | None]:
         before = self.kv_snapshot()
@@ -399,12 +414,15 @@ def invalid(program: dict) -> str | None:
 
 def _invalid_op(op, config, active, asleep, captured) -> str | None:
     arity = {"add_lora": 2, "remove_lora": 1, "dummy": 2, "capture": 0, "step": 2, "sleep": 1}
-    arity["wake"] = 1
+    arity.update(wake=1, serve=2)
     if not isinstance(op, list) or not op or op[0] not in arity or len(op) != arity[op[0]] + 1:
         return f"an operation is [name, *args] with name one of {sorted(arity)}"
     name, *args = op
+    if name == "serve":
+        ok = asleep and 1 <= args[0] <= MAX_TOKENS
+        return None if ok else "a request served while a tag sleeps, of 1 to 32 tokens"
     if asleep and name != "wake":
-        return "the worker sleeps: only wake"
+        return "the worker sleeps: only wake (or serve)"
     if name == "wake":
         tags = asleep if args[0] is None else set(args[0])
         return None if asleep and tags <= asleep else "tags that do not sleep"
