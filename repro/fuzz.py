@@ -169,8 +169,8 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
     seed draws the configuration and operations it drew before them, these keys added: the
     MoE's router (a learned gate only with LoRA off), the speculator's draft prefill, the
     cache-only layer, prompt logprobs, a backend that reorders the batch, requests
-    restricted by allowed_token_ids, and requests that reach the engine after a partial
-    wake."""
+    restricted by allowed_token_ids, requests that reach the engine after a partial wake,
+    and an adapter added past the slots between two steps of one batch (last)."""
     from repro.program import MAX_ALLOWED
 
     config["moe"] = "hash" if config["lora"] else rng.choice(("hash", "gate", "gate_skip"))
@@ -194,6 +194,15 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
             if asleep and rng.random() < 0.5:
                 served.append(["serve", rng.randint(1, 8), rng.randint(0, 99)])
     ops[:] = served
+    active = []
+    for op in ops:
+        if op[0] == "add_lora":
+            active.append(op[1])
+        elif op[0] == "remove_lora":
+            active.remove(op[1])
+    full = config["lora"] and len(active) == config["max_loras"]
+    if full and ops[-1][0] == "step" and rng.random() < 0.5:
+        ops.append(["hot_add", 9, rng.random() < 0.5])  # (the draw's adapters are 1 to 8)
 
 
 def _add_lora(rng: random.Random, state: dict) -> list:

@@ -21,6 +21,8 @@ attention); operations:
                               fourth entry k: the request's allowed_token_ids, k seeded tokens)
   ["sleep", level]            the worker sleeps (1: weights offloaded, 2: discarded)
   ["wake", tags]              wake_up(tags): null (all), ["weights"] or ["kv_cache"]
+  ["hot_add", id, experts]    last, after a step, every slot taken: add adapter `id` (the least
+                              recently used evicted), then that step's batch again
   ["serve", tokens, seed]     while a tag sleeps: a request reaches the engine core (sleep and
                               wake go through it), one iteration of its loop (it must wait)
 """
@@ -255,7 +257,14 @@ class Machine:
                 )
         return problems
 
+    def op_hot_add(self, lora_id: int, experts: bool) -> list[str | None]:
+        """An adapter added while every slot is taken (the least recently used evicted), then
+        the previous step's batch again: its adapters' slots may have moved."""
+        self.op_add_lora(lora_id, experts)
+        return self.op_step(*self.last_step)
+
     def op_step(self, rows: list[list[int]], token_seed: int) -> list[str | None]:
+        self.last_step = (rows, token_seed)
         gen = torch.Generator().manual_seed(token_seed)
         vocab = self.runner.model.config.vocab_size
         requests = [
@@ -394,11 +403,20 @@ def invalid(program: dict) -> str | None:
     if config["speculator"] == "padded" and config["draft"] and config["backend"] == "flashmla":
         return "the padded drafter's graphs replace the draft attention's: one of them"
     active, asleep, captured = [], set(), False
-    for i, op in enumerate(ops if isinstance(ops, list) else [None]):
+    ops = ops if isinstance(ops, list) else [None]
+    for i, op in enumerate(ops):
         why = _invalid_op(op, config, active, asleep, captured)
         if why:
             return f"operation {i} {op!r}: {why}"
         name = op[0]
+        if name == "hot_add":
+            full = config["lora"] and len(active) == config["max_loras"]
+            after_step = i > 0 and ops[i - 1][0] == "step"
+            if i != len(ops) - 1 or not after_step or not full or op[1] in active:
+                return (
+                    f"operation {i} {op!r}: a hot add is last, after a step, every slot "
+                    "taken, of an adapter not active"
+                )
         if name == "add_lora":
             active.append(op[1])
         elif name == "remove_lora":
@@ -414,7 +432,7 @@ def invalid(program: dict) -> str | None:
 
 def _invalid_op(op, config, active, asleep, captured) -> str | None:
     arity = {"add_lora": 2, "remove_lora": 1, "dummy": 2, "capture": 0, "step": 2, "sleep": 1}
-    arity.update(wake=1, serve=2)
+    arity.update(wake=1, serve=2, hot_add=2)
     if not isinstance(op, list) or not op or op[0] not in arity or len(op) != arity[op[0]] + 1:
         return f"an operation is [name, *args] with name one of {sorted(arity)}"
     name, *args = op
@@ -423,6 +441,8 @@ def _invalid_op(op, config, active, asleep, captured) -> str | None:
         return None if ok else "a request served while a tag sleeps, of 1 to 32 tokens"
     if asleep and name != "wake":
         return "the worker sleeps: only wake (or serve)"
+    if name == "hot_add":  # its place in the program: checked by invalid()
+        return None
     if name == "wake":
         tags = asleep if args[0] is None else set(args[0])
         return None if asleep and tags <= asleep else "tags that do not sleep"
