@@ -73,6 +73,21 @@ def test_every_drawn_program_is_valid(program) -> None:
         ([["step", [[0, 1, 0, 9]], 0]], "allowed tokens"),
         ([["step", [[0, 1, 0, 0]], 0]], "allowed tokens"),
         ([["step", [[0, 1]], 0]], "requests are"),
+        ([["serve", 3, 0]], "while a tag sleeps"),
+        ([["add_lora", 1, True], ["step", [[1, 1, 0]], 0], ["hot_add", 9, True]], "every slot"),
+        ([["add_lora", 1, True], ["add_lora", 2, True], ["hot_add", 9, True]], "after a step"),
+        (
+            [
+                ["add_lora", 1, True],
+                ["add_lora", 2, True],
+                ["step", [[1, 1, 0]], 0],
+                ["hot_add", 9, True],
+                ["step", [[1, 1, 0]], 0],
+            ],
+            "is last",
+        ),
+        ([["sleep", 1], ["wake", None], ["serve", 3, 0]], "while a tag sleeps"),
+        ([["sleep", 1], ["wake", ["weights"]], ["serve", 0, 0]], "1 to 32 tokens"),
         ([["jump"]], "an operation is"),
     ],
 )
@@ -122,6 +137,8 @@ def test_the_draw_reaches_the_hidden_state_readers() -> None:
     assert {(c["extract"], c["prompt_logprobs"], c["reorder"]) for c in configs} == {
         (e, p, r) for e in (False, True) for p in (False, True) for r in (False, True)
     }
+    for name in ("serve", "hot_add"):  # after a partial wake; past the slots, last
+        assert any(op[0] == name for p in drawn for op in p["ops"]), name
     rows = [r for p in drawn for op in p["ops"] if op[0] == "step" for r in op[1]]
     assert {len(r) for r in rows} == {3, 4}, "some requests restricted by allowed_token_ids"
     later = ("moe", "speculator", "extract", "prompt_logprobs", "reorder")

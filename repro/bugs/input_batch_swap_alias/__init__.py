@@ -69,11 +69,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: a backend that reorders the batch decodes-first by swaps "
-        "(RunnerConfig reorder_batch) and requests restricted by allowed_token_ids; a "
-        "program's requests carry neither"
-    ),
     anchors=(
         (
             PART,
