@@ -170,8 +170,8 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
     MoE's router (a learned gate only with LoRA off), the speculator's draft prefill, the
     cache-only layer, prompt logprobs, a backend that reorders the batch, requests
     restricted by allowed_token_ids, requests that reach the engine after a partial wake,
-    and an adapter added past the slots between two steps of one batch (last)."""
-    from repro.program import MAX_ALLOWED
+    and a tail: an adapter added past the slots between two steps of one batch."""
+    from repro.program import MAX_ALLOWED, MAX_MODEL_LEN
 
     config["moe"] = "hash" if config["lora"] else rng.choice(("hash", "gate", "gate_skip"))
     config["speculator"] = rng.choice(("none", "prefill", "padded"))
@@ -200,8 +200,16 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
             active.append(op[1])
         elif op[0] == "remove_lora":
             active.remove(op[1])
-    full = config["lora"] and len(active) == config["max_loras"]
-    if full and ops[-1][0] == "step" and rng.random() < 0.5:
+    # one LoRA program in two, awake at its end, ends with a hot add: the slots filled, a
+    # decode batch of every slot's adapter (and base requests), the add, the batch again
+    if config["lora"] and not asleep and rng.random() < 0.5:
+        state = {"active": active}
+        while len(active) < config["max_loras"]:
+            ops.append(_add_lora(rng, state))
+        rows = [[lora, 1, rng.randint(0, MAX_MODEL_LEN - 1)] for lora in active]
+        rows += [[0, 1, rng.randint(0, MAX_MODEL_LEN - 1)] for _ in range(rng.randint(0, 2))]
+        rng.shuffle(rows)
+        ops.append(["step", rows, rng.randint(0, 99)])
         ops.append(["hot_add", 9, rng.random() < 0.5])  # (the draw's adapters are 1 to 8)
 
 
