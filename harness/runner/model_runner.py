@@ -440,7 +440,8 @@ class ModelRunner:
             self._update_states(requests)
         if desc is None or not self.config.graphs.tables_in_graph:  # else the graph gathers
             attn = self.kv_cache.metadata(batch)
-        self._prepare_speculator(batch)
+        if self.speculator is not None:
+            self.speculator.prepare(batch)
         if self.config.lora.enable_lora:
             self._activate_adapters(requests)
             mapping = LoRAMapping(batch.token_lora_ids, batch.req_lora_ids, is_prefill=True)
@@ -720,8 +721,9 @@ class ModelRunner:
         previous step's indices, past the dummy batch's hidden states (found by `repro fuzz`,
         2026-11-27: a dummy run after a step of more tokens, fixed runner; upstream's dummy run
         runs the drafter on dummy inputs of its own)."""
-        if self.speculator is not None:
-            self.speculator.prepare(batch)
+        if self.speculator is None:
+            return
+        self.speculator.prepare(batch)
 
     def _draft_prefill(self, hidden: torch.Tensor, num_reqs: int) -> None:
         """The speculator's draft prefill on the step's hidden states: padded requests in a
