@@ -160,7 +160,57 @@ def draw_program(rng: random.Random) -> dict:
         state["captured"] = True
     for _ in range(rng.randint(2, MAX_OPS)):
         ops.append(_operation(rng, config, state))
+    _draw_readers(rng, config, ops)
     return {"config": config, "ops": ops}
+
+
+def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """The keys drawn after the operations (none changes which operations are valid), so a
+    seed draws the configuration and operations it drew before them, these keys added: the
+    MoE's router (a learned gate only with LoRA off), the speculator's draft prefill, the
+    cache-only layer, prompt logprobs, a backend that reorders the batch, requests
+    restricted by allowed_token_ids, requests that reach the engine after a partial wake,
+    and a tail: an adapter added past the slots between two steps of one batch."""
+    from repro.program import MAX_ALLOWED, MAX_MODEL_LEN
+
+    config["moe"] = "hash" if config["lora"] else rng.choice(("hash", "gate", "gate_skip"))
+    config["speculator"] = rng.choice(("none", "prefill", "padded"))
+    if config["speculator"] == "padded" and config["draft"] and config["backend"] == "flashmla":
+        config["speculator"] = "prefill"  # the padded drafter's graphs or the draft attention
+    config["extract"] = rng.random() < 0.5
+    config["prompt_logprobs"] = rng.random() < 0.5
+    config["reorder"] = rng.random() < 0.5
+    for op in ops:  # a request in four restricted by allowed_token_ids
+        for row in op[1] if op[0] == "step" else ():
+            if rng.random() < 0.25:
+                row.append(rng.randint(1, MAX_ALLOWED))
+    served, asleep = [], set()  # after a partial wake, a request reaches the engine (one in 2)
+    for op in ops:
+        served.append(op)
+        if op[0] == "sleep":
+            asleep = {"weights", "kv_cache"}
+        elif op[0] == "wake":
+            asleep -= set(op[1] or asleep)
+            if asleep and rng.random() < 0.5:
+                served.append(["serve", rng.randint(1, 8), rng.randint(0, 99)])
+    ops[:] = served
+    active = []
+    for op in ops:
+        if op[0] == "add_lora":
+            active.append(op[1])
+        elif op[0] == "remove_lora":
+            active.remove(op[1])
+    # one LoRA program in two, awake at its end, ends with a hot add: the slots filled, a
+    # decode batch of every slot's adapter (and base requests), the add, the batch again
+    if config["lora"] and not asleep and rng.random() < 0.5:
+        state = {"active": active}
+        while len(active) < config["max_loras"]:
+            ops.append(_add_lora(rng, state))
+        rows = [[lora, 1, rng.randint(0, MAX_MODEL_LEN - 1)] for lora in active]
+        rows += [[0, 1, rng.randint(0, MAX_MODEL_LEN - 1)] for _ in range(rng.randint(0, 2))]
+        rng.shuffle(rows)
+        ops.append(["step", rows, rng.randint(0, 99)])
+        ops.append(["hot_add", 9, rng.random() < 0.5])  # (the draw's adapters are 1 to 8)
 
 
 def _add_lora(rng: random.Random, state: dict) -> list:
@@ -344,14 +394,17 @@ SIMPLEST = {
     "backend": "paged",
     "sizes": [4],
     "max_loras": 2,
+    "speculator": "none",
+    "extract": False,
+    "prompt_logprobs": False,
 }
 
 
 def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
     """Shrinking, operation-aware: the prefix up to the operation the oracle names (or the
     shortest failing prefix, by binary search), then each operation dropped, each step's
-    requests dropped, the configuration made plainer; each candidate kept when it is valid and
-    still shows the class, until the shrink deadline."""
+    requests dropped (and their allowed_token_ids), the configuration made plainer; each
+    candidate kept when it is valid and still shows the class, until the shrink deadline."""
 
     def tried(ops: list) -> str | None:
         return s.attempt({"config": program["config"], "ops": ops})
@@ -374,8 +427,8 @@ def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
     for i in reversed(range(len(ops))):
         if i >= len(ops):
             continue
-        end = i + 1  # a sleep goes with the wakes that follow it
-        while ops[i][0] == "sleep" and end < len(ops) and ops[end][0] == "wake":
+        end = i + 1  # a sleep goes with the wakes (and requests served) that follow it
+        while ops[i][0] == "sleep" and end < len(ops) and ops[end][0] in ("wake", "serve"):
             end += 1
         found = tried(ops[:i] + ops[end:])
         if found is not None:
@@ -389,9 +442,16 @@ def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
             found = tried(candidate) if rows else None
             if found is not None:
                 ops, evidence = candidate, found
+        for row in range(len(ops[i][1])):  # a restricted request's allowed_token_ids dropped
+            if len(ops[i][1][row]) == 4:
+                rows = [*ops[i][1][:row], ops[i][1][row][:3], *ops[i][1][row + 1 :]]
+                candidate = [*ops[:i], ["step", rows, op[2]], *ops[i + 1 :]]
+                found = tried(candidate)
+                if found is not None:
+                    ops, evidence = candidate, found
     config = program["config"]
     for key, simplest in SIMPLEST.items():
-        if config[key] != simplest:
+        if config.get(key, simplest) != simplest:
             candidate = {"config": {**config, key: simplest}, "ops": ops}
             found = s.attempt(candidate)
             if found is not None:

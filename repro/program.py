@@ -6,21 +6,31 @@ eager run, the eager run equals the dense float64 reference (the draft attention
 run equals the base model, no output holds poison (NaN), and a step writes the KV cache at its
 real tokens' slots only (the sentinel rule: a padding token, slot -1, writes nothing). The
 first operation that breaks one raises WrongResult naming it; a device fault ends the child
-like any scenario's.
+like any scenario's. What reads a step's hidden states is checked too, when configured: prompt
+logprobs and a speculator's draft prefill logits against the reference, and the cache-only
+layer's cache (extract) at every slot a real token wrote since the KV cache was last cleared.
 
-A program: {"config": {...CONFIG keys}, "ops": [[name, *args], ...]}; operations:
+A program: {"config": {...CONFIG keys}, "ops": [[name, *args], ...]} (a key of LATER_KEYS may be
+missing: its first value; a learned-gate MoE needs LoRA off, the padded drafter no draft
+attention); operations:
   ["add_lora", id, experts]   load adapter `id` (experts False: none for the experts: disabled)
   ["remove_lora", id]         evict it
   ["dummy", tokens, reqs]     a dummy run (profile, warm-up)
   ["capture"]                 capture_model
-  ["step", [[lora_id, tokens, computed], ...], token_seed]   one step of these requests
+  ["step", [[lora_id, tokens, computed], ...], token_seed]   one step of these requests (a
+                              fourth entry k: the request's allowed_token_ids, k seeded tokens)
   ["sleep", level]            the worker sleeps (1: weights offloaded, 2: discarded)
   ["wake", tags]              wake_up(tags): null (all), ["weights"] or ["kv_cache"]
+  ["hot_add", id, experts]    last, after a step, every slot taken: add adapter `id` (the least
+                              recently used evicted), then that step's batch again
+  ["serve", tokens, seed]     while a tag sleeps: a request reaches the engine core (sleep and
+                              wake go through it), one iteration of its loop (it must wait)
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import torch
 
@@ -28,7 +38,8 @@ from harness.oracle import close, expect_all, step_problems
 from harness.record import Context
 from harness.reference import draft_reference, step_reference
 from harness.runner.cudagraph import CUDAGraphMode
-from harness.runner.input_batch import Request, dummy_lengths
+from harness.runner.engine import EngineCore
+from harness.runner.input_batch import Request, decode_first_swaps, dummy_lengths
 from harness.runner.model import ModelConfig
 from harness.runner.model_runner import ModelOutput, RunnerConfig
 from harness.runner.model_runner import runner_config as flat_config
@@ -47,10 +58,29 @@ CONFIG = {
     # the attention's kernel blocks: the KV manager's (4, 16), or each group's halved (2, 8)
     "kernel_blocks": ("manager", "half"),
     "window": (0, 8),  # a sliding window over the last tokens (0: none)
+    # layer 1's MoE: routed by token id (hash), or by a learned gate (no expert LoRA: LoRA
+    # off), its padding rows marked -1 by the gate (gate_skip: VLLM_MOE_SKIP_PADDING)
+    "moe": ("hash", "gate", "gate_skip"),
+    # a speculator's draft prefill on the target's hidden states: none, in the target's FULL
+    # graphs (prefill), or in graphs of its own sharing the target's output pool (padded)
+    "speculator": ("none", "prefill", "padded"),
+    "extract": (False, True),  # a cache-only layer stores each token's final hidden state
+    "prompt_logprobs": (False, True),  # each step's log-softmax of every token's logits
+    # the backend reorders a mixed batch decodes-first by row swaps (MLA's, FlashInfer's)
+    "reorder": (False, True),
 }
 # keys added since programs were first kept: a program without one holds its first value
-LATER_KEYS = ("kernel_blocks", "window")
+LATER_KEYS = (
+    "kernel_blocks",
+    "window",
+    "moe",
+    "speculator",
+    "extract",
+    "prompt_logprobs",
+    "reorder",
+)
 MAX_MODEL_LEN, MAX_TOKENS, MAX_REQS = 32, 32, 8
+MAX_ALLOWED = 8  # a restricted request's allowed_token_ids, at most
 BLOCK_SIZES = (4, 16)
 
 
@@ -67,7 +97,11 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
         ctx.device,
         ctx.fixes,
         dtype=ctx.dtype,
-        model=ModelConfig(max_loras=config["max_loras"]),
+        model=ModelConfig(
+            max_loras=config["max_loras"],
+            learned_gate=config["moe"] != "hash",
+            skip_padding=config["moe"] == "gate_skip",
+        ),
         max_num_tokens=MAX_TOKENS,
         max_num_reqs=MAX_REQS,
         cudagraph_mode=CUDAGraphMode[config["mode"]],
@@ -81,6 +115,11 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
         block_sizes=BLOCK_SIZES,
         kernel_block_sizes=tuple(b // 2 for b in BLOCK_SIZES) if half else (),
         sliding_window=config["window"],
+        draft_prefill=config["speculator"] != "none",
+        draft_graphs=config["speculator"] == "padded",
+        extract_hidden_states=config["extract"],
+        prompt_logprobs=config["prompt_logprobs"],
+        reorder_batch=config["reorder"],
     )
 
 
@@ -88,9 +127,17 @@ def describe(op: list) -> str:
     """One operation as a line of text."""
     name, *args = op
     if name == "step":
-        reqs = ", ".join(f"lora {a} x{n} @{c}" for a, n, c in args[0])
+        reqs = ", ".join(
+            f"lora {r[0]} x{r[1]} @{r[2]}" + (f" allowing {r[3]}" if len(r) == 4 else "")
+            for r in args[0]
+        )
         return f"step [{reqs}]"
     return f"{name}({', '.join(json.dumps(a) for a in args)})"
+
+
+def _allowed(gen: torch.Generator, vocab: int, count: int) -> tuple[int, ...]:
+    """A request's allowed_token_ids: `count` tokens of the vocabulary, seeded."""
+    return tuple(sorted(torch.randperm(vocab, generator=gen)[:count].tolist()))
 
 
 def _poisoned(label: str, out: ModelOutput) -> list[str | None]:
@@ -111,7 +158,10 @@ class Machine:
     def __init__(self, ctx: Context, config: dict) -> None:
         self.ctx, self.config = ctx, config
         self.worker = Worker(runner_config(ctx, config))
+        self.engine = EngineCore(self.worker)  # sleep, wake and requests that arrive between
         self.runner = self.worker.model_runner
+        # the cache-only layer's slots a step's real token wrote -> the hidden state it wrote
+        self.extracted: dict[int, torch.Tensor] = {}
         self.clear_kv()
 
     def clear_kv(self) -> None:
@@ -121,6 +171,7 @@ class Machine:
         for cache in (*self.runner.kv_cache.k_caches, *self.runner.kv_cache.v_caches):
             cache.zero_()
         self.kv_clean = True
+        self.extracted.clear()  # the cache-only layer's cache woke as 0xFF bytes too
 
     def apply(self, op: list) -> list[str | None]:
         name, *args = op
@@ -138,76 +189,185 @@ class Machine:
             # the captured gather computes real slots for the dummy batch (block-table row 0)
             # and its K/V lands there: a later dummy run reads it (found by seed 4, fixed runner)
             self.kv_clean = False
+            self.extracted.clear()  # and the cache-only layer's states
 
     def op_sleep(self, level: int) -> None:
-        self.worker.sleep(level)
+        self.engine.sleep(level)
 
     def op_wake(self, tags: list[str] | None) -> None:
-        self.worker.wake_up(tags)
+        self.engine.wake_up(tags)
         if tags is None or "kv_cache" in tags:
             self.clear_kv()  # the engine drops what the KV cache held (wake left 0xFF bytes)
 
+    def op_serve(self, tokens: int, token_seed: int) -> list[str | None]:
+        """A request reaches the engine while a tag sleeps, and one iteration of its loop: the
+        request must wait (nothing runs while a tag's memory is released)."""
+        gen = torch.Generator().manual_seed(token_seed)
+        vocab = self.runner.model.config.vocab_size
+        self.engine.add_request(torch.randint(0, vocab, (tokens,), generator=gen).tolist())
+        ran = self.engine.step()
+        if ran is not None:
+            return [f"the engine ran {len(ran.requests)} requests while a tag sleeps"]
+        return []
+
     def op_dummy(self, tokens: int, reqs: int) -> list[str | None]:
+        before = self.kv_snapshot()
         out = self.runner.execute_model(dummy_run=True, num_tokens=tokens, num_reqs=reqs)
         dummy = [Request(f"d{r}", (0,) * n) for r, n in enumerate(dummy_lengths(tokens, reqs))]
+        problems = _poisoned("dummy run", out) + self.kv_written_outside(before, [])
         if not self.kv_clean:
-            return _poisoned("dummy run", out)
+            return problems
         hidden, logits = step_reference(self.runner, dummy, dummy=True)
         return [
             close("dummy run hidden states vs base model", out.hidden_states, hidden),
             close("dummy run logits vs base model", out.logits, logits),
-            *_poisoned("dummy run", out),
+            *problems,
         ]
 
-    def kv_snapshot(self) -> list[torch.Tensor]:
+    def caches(self) -> list[tuple[str, int, torch.Tensor]]:
+        """Each cache a step writes through a slot mapping: (name, its group, the cache)."""
         kv = self.runner.kv_cache
-        return [c.clone() for c in (*kv.k_caches, *kv.v_caches)]
+        groups = len(kv.k_caches)
+        found = [
+            (f"{'KV'[i // groups]} cache group {i % groups}", i % groups, cache)
+            for i, cache in enumerate((*kv.k_caches, *kv.v_caches))
+        ]
+        if self.runner.cache_only is not None:  # group 0's slot mapping
+            found.append(("the cache-only layer's cache", 0, self.runner.cache_only.kv_cache))
+        return found
+
+    def kv_snapshot(self) -> list[torch.Tensor]:
+        return [cache.clone() for _, _, cache in self.caches()]
 
     def kv_written_outside(self, before: list[torch.Tensor], shape) -> list[str | None]:
         """The sentinel rule: the slots a step changed are its real tokens' (graph padding
-        tokens carry slot -1 and write nothing; a stale or wrapped slot overwrites another's)."""
+        tokens carry slot -1 and write nothing; a stale or wrapped slot overwrites another's).
+        A dummy run (shape []) writes none."""
         kv = self.runner.kv_cache
-        groups = len(kv.k_caches)
         problems = []
-        for i, (old, new) in enumerate(zip(before, (*kv.k_caches, *kv.v_caches), strict=True)):
-            g = i % groups
+        for old, (name, g, new) in zip(before, self.caches(), strict=True):
             mine = {kv.slot(g, row, c + p) for row, (_, n, c) in enumerate(shape) for p in range(n)}
             old, new = old.flatten(0, 1), new.flatten(0, 1)
             changed = ((old != new) & ~(old.isnan() & new.isnan())).flatten(1).any(1)
             stray = sorted(set(changed.nonzero().flatten().tolist()) - mine)
             if stray:
-                which = "KV"[i // groups]
                 problems.append(
-                    f"the step wrote {which} cache group {g} at slots {stray[:6]}, "
+                    f"the {'step' if shape else 'dummy run'} wrote {name} at slots {stray[:6]}, "
                     f"none of them a real token's (slot -1 read as a slot?)"
                 )
         return problems
 
-    def op_step(self, shape: list[list[int]], token_seed: int) -> list[str | None]:
+    def op_hot_add(self, lora_id: int, experts: bool) -> list[str | None]:
+        """An adapter added while every slot is taken (the least recently used evicted), then
+        the previous step's batch again: its adapters' slots may have moved."""
+        self.op_add_lora(lora_id, experts)
+        return self.op_step(*self.last_step)
+
+    def op_step(self, rows: list[list[int]], token_seed: int) -> list[str | None]:
+        self.last_step = (rows, token_seed)
         gen = torch.Generator().manual_seed(token_seed)
         vocab = self.runner.model.config.vocab_size
         requests = [
             Request(f"r{row}", tuple(torch.randint(0, vocab, (n,), generator=gen).tolist()), a, c)
-            for row, (a, n, c) in enumerate(shape)
+            for row, (a, n, c, *_) in enumerate(rows)
         ]
+        requests = [
+            q if len(r) == 3 else replace(q, allowed_token_ids=_allowed(gen, vocab, r[3]))
+            for q, r in zip(requests, rows, strict=True)
+        ]
+        # the rows the runner serves them in: a backend that reorders swaps decodes first
+        ordered = list(requests)
+        if self.runner.config.attention.reorder_batch:
+            for i, j in decode_first_swaps([len(q.token_ids) == 1 for q in ordered]):
+                ordered[i], ordered[j] = ordered[j], ordered[i]
+        shape = [(q.lora_id, len(q.token_ids), q.num_computed_tokens) for q in ordered]
         before = self.kv_snapshot()
         out = self.runner.execute_model(requests)
         self.kv_clean = False
         replay = None
+        replay_drafts = None
         if out.desc is not None:  # a graph served it: keep its outputs, then run eagerly
             clone = lambda t: None if t is None else t.clone()
-            replay = ModelOutput(*(clone(t) for t in (out.hidden_states, out.logits, out.draft)))
-            out = self.runner.execute_model(requests, use_cudagraph=False)
+            replay = ModelOutput(
+                *(clone(t) for t in (out.hidden_states, out.logits, out.draft)),
+                prompt_logprobs=clone(out.prompt_logprobs),
+            )
+            replay_drafts = self.draft_logits(len(requests))
+            # in the rows the replay ran them in (swapping again would move the KV rows back)
+            out = self.runner.execute_model(ordered, use_cudagraph=False)
         label = "eager" if replay is None else "replayed"
-        problems = step_problems(label, out, step_reference(self.runner, requests), replay)
+        reference = step_reference(self.runner, ordered)
+        problems = []
+        mask = self.runner.sampling.mask_cpu.new_zeros(len(ordered), vocab)
+        for row, q in enumerate(ordered):
+            if q.allowed_token_ids is not None:
+                mask[row] = True
+                mask[row, list(q.allowed_token_ids)] = False
+        if mask.any():  # disallowed tokens at -inf: compared as such, the rest as numbers
+            for name, o in (("eager", out), ("replayed", replay)):
+                if o is not None and not torch.equal(o.logits.isneginf().cpu(), mask):
+                    problems.append(
+                        f"{name} logits: -inf outside the requests' disallowed tokens "
+                        f"(allowed_token_ids {[q.allowed_token_ids for q in ordered]}), or "
+                        "a disallowed token left finite"
+                    )
+            unmasked = lambda o: (
+                None
+                if o is None
+                else replace(o, logits=o.logits.masked_fill(mask.to(o.logits.device), 0.0))
+            )
+            out_checked, replay_checked = unmasked(out), unmasked(replay)
+            reference = (reference[0], reference[1].masked_fill(mask, 0.0))
+        else:
+            out_checked, replay_checked = out, replay
+        problems += step_problems(label, out_checked, reference, replay_checked)
         problems += _poisoned("eager", out) + (_poisoned("replay", replay) if replay else [])
         problems += self.kv_written_outside(before, shape)
+        problems += self.readers_problems(shape, out, replay, reference[0], replay_drafts)
         if out.draft is not None:
             lens = [c + n for _, n, c in shape]
             want = draft_reference(self.runner, out.hidden_states, lens)
             problems.append(close("eager draft vs reference", out.draft, want))
             if replay is not None and replay.draft is not None:
                 problems.append(close("draft replay vs eager", replay.draft, out.draft))
+        return problems
+
+    def draft_logits(self, num_reqs: int) -> torch.Tensor | None:
+        speculator = self.runner.speculator
+        return None if speculator is None else speculator.draft_logits[:num_reqs].clone()
+
+    def readers_problems(self, shape, out, replay, hidden, replay_drafts) -> list[str | None]:
+        """What reads the step's hidden states: prompt logprobs and the draft prefill's logits
+        (the draft model is the identity on the shared LM head, no LoRA) vs the float64
+        reference (a replay's too); the cache-only layer's cache at every slot a real token
+        wrote, since the cache was last cleared, holds the last state written there."""
+        head = self.runner.model.head.detach().double().cpu()
+        problems = []
+        if out.prompt_logprobs is not None:
+            want = torch.log_softmax(hidden @ head.T, -1)
+            problems.append(close("eager prompt logprobs vs reference", out.prompt_logprobs, want))
+            if replay is not None:
+                got = replay.prompt_logprobs
+                problems.append(close("replayed prompt logprobs vs reference", got, want))
+        drafts = self.draft_logits(len(shape))
+        if drafts is not None:
+            last = torch.tensor([n for _, n, _ in shape]).cumsum(0) - 1
+            want = hidden[last] @ head.T
+            problems.append(close("eager draft prefill logits vs reference", drafts, want))
+            if replay_drafts is not None:
+                label = "replayed draft prefill logits vs reference"
+                problems.append(close(label, replay_drafts, want))
+        if self.runner.cache_only is not None:
+            kv, row_start, states = self.runner.kv_cache, 0, out.hidden_states.clone()
+            for row, (_, n, c) in enumerate(shape):
+                for p in range(n):
+                    self.extracted[kv.slot(0, row, c + p)] = states[row_start + p]
+                row_start += n
+            slots = sorted(self.extracted)
+            got = self.runner.cache_only.extract(slots)
+            want = torch.stack([self.extracted[slot] for slot in slots])
+            label = f"the cache-only layer's states at the {len(slots)} slots real tokens wrote"
+            problems.append(close(label, got, want))
         return problems
 
 
@@ -238,12 +398,25 @@ def invalid(program: dict) -> str | None:
             return f"config {key}={config[key]!r}: one of {values}"
     if config["window"] and config["backend"] != "paged":
         return "a sliding window needs the paged backend (the split-KV decode has none)"
+    if config["moe"] != "hash" and config["lora"]:
+        return "the learned gate serves no expert LoRA: lora off"
+    if config["speculator"] == "padded" and config["draft"] and config["backend"] == "flashmla":
+        return "the padded drafter's graphs replace the draft attention's: one of them"
     active, asleep, captured = [], set(), False
-    for i, op in enumerate(ops if isinstance(ops, list) else [None]):
+    ops = ops if isinstance(ops, list) else [None]
+    for i, op in enumerate(ops):
         why = _invalid_op(op, config, active, asleep, captured)
         if why:
             return f"operation {i} {op!r}: {why}"
         name = op[0]
+        if name == "hot_add":
+            full = config["lora"] and len(active) == config["max_loras"]
+            after_step = i > 0 and ops[i - 1][0] == "step"
+            if i != len(ops) - 1 or not after_step or not full or op[1] in active:
+                return (
+                    f"operation {i} {op!r}: a hot add is last, after a step, every slot "
+                    "taken, of an adapter not active"
+                )
         if name == "add_lora":
             active.append(op[1])
         elif name == "remove_lora":
@@ -259,12 +432,17 @@ def invalid(program: dict) -> str | None:
 
 def _invalid_op(op, config, active, asleep, captured) -> str | None:
     arity = {"add_lora": 2, "remove_lora": 1, "dummy": 2, "capture": 0, "step": 2, "sleep": 1}
-    arity["wake"] = 1
+    arity.update(wake=1, serve=2, hot_add=2)
     if not isinstance(op, list) or not op or op[0] not in arity or len(op) != arity[op[0]] + 1:
         return f"an operation is [name, *args] with name one of {sorted(arity)}"
     name, *args = op
+    if name == "serve":
+        ok = asleep and 1 <= args[0] <= MAX_TOKENS
+        return None if ok else "a request served while a tag sleeps, of 1 to 32 tokens"
     if asleep and name != "wake":
-        return "the worker sleeps: only wake"
+        return "the worker sleeps: only wake (or serve)"
+    if name == "hot_add":  # its place in the program: checked by invalid()
+        return None
     if name == "wake":
         tags = asleep if args[0] is None else set(args[0])
         return None if asleep and tags <= asleep else "tags that do not sleep"
@@ -281,9 +459,15 @@ def _invalid_op(op, config, active, asleep, captured) -> str | None:
         tokens, reqs = args
         return None if 1 <= reqs <= min(tokens, MAX_REQS) and tokens <= MAX_TOKENS else "sizes"
     rows = args[0]
-    if not rows or len(rows) > MAX_REQS or sum(n for _, n, _ in rows) > MAX_TOKENS:
+    if not isinstance(rows, list) or not all(
+        isinstance(r, list) and len(r) in (3, 4) for r in rows
+    ):
+        return "requests are [lora, tokens, computed] or [lora, tokens, computed, allowed]"
+    if not rows or len(rows) > MAX_REQS or sum(r[1] for r in rows) > MAX_TOKENS:
         return f"1 to {MAX_REQS} requests, {MAX_TOKENS} tokens at most"
-    for lora, n, computed in rows:
+    for lora, n, computed, *allowed in rows:
         if (lora and lora not in active) or n < 1 or not 0 <= computed <= MAX_MODEL_LEN - n:
             return f"request [{lora}, {n}, {computed}]: inactive adapter or lengths"
+        if allowed and not 1 <= allowed[0] <= MAX_ALLOWED:
+            return f"request {[lora, n, computed, *allowed]}: 1 to {MAX_ALLOWED} allowed tokens"
     return None

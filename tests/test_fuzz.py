@@ -23,7 +23,7 @@ from repro.fuzz import (
     minimize,
     programs,
 )
-from repro.program import invalid
+from repro.program import invalid, with_defaults
 from repro.registry import get
 
 CONFIG = {
@@ -70,6 +70,24 @@ def test_every_drawn_program_is_valid(program) -> None:
         ([["step", [[0, 40, 0]], 0]], "tokens at most"),
         ([["step", [[0, 4, 30]], 0]], "lengths"),
         ([["dummy", 2, 3]], "sizes"),
+        ([["step", [[0, 1, 0, 9]], 0]], "allowed tokens"),
+        ([["step", [[0, 1, 0, 0]], 0]], "allowed tokens"),
+        ([["step", [[0, 1]], 0]], "requests are"),
+        ([["serve", 3, 0]], "while a tag sleeps"),
+        ([["add_lora", 1, True], ["step", [[1, 1, 0]], 0], ["hot_add", 9, True]], "every slot"),
+        ([["add_lora", 1, True], ["add_lora", 2, True], ["hot_add", 9, True]], "after a step"),
+        (
+            [
+                ["add_lora", 1, True],
+                ["add_lora", 2, True],
+                ["step", [[1, 1, 0]], 0],
+                ["hot_add", 9, True],
+                ["step", [[1, 1, 0]], 0],
+            ],
+            "is last",
+        ),
+        ([["sleep", 1], ["wake", None], ["serve", 3, 0]], "while a tag sleeps"),
+        ([["sleep", 1], ["wake", ["weights"]], ["serve", 0, 0]], "1 to 32 tokens"),
         ([["jump"]], "an operation is"),
     ],
 )
@@ -100,6 +118,66 @@ def test_the_draw_reaches_kernel_blocks_and_windows() -> None:
         (k, w) for k in ("manager", "half") for w in (0, 8)
     }
     assert all(not c["window"] or c["backend"] == "paged" for c in drawn)
+
+
+def test_the_draw_reaches_the_hidden_state_readers() -> None:
+    """Issue 41 item 3: the learned-gate MoE (with LoRA off only), the speculator's draft
+    prefill (in the target's graphs or padded, in its own), the cache-only layer and prompt
+    logprobs are drawn, after the operations: a seed's operations are the ones it drew before
+    them."""
+    import random
+
+    from repro.fuzz import draw_program
+
+    drawn = [draw_program(random.Random(n)) for n in range(300)]
+    configs = [p["config"] for p in drawn]
+    assert {c["moe"] for c in configs} == {"hash", "gate", "gate_skip"}
+    assert all(c["moe"] == "hash" for c in configs if c["lora"])
+    assert {c["speculator"] for c in configs} == {"none", "prefill", "padded"}
+    assert {(c["extract"], c["prompt_logprobs"], c["reorder"]) for c in configs} == {
+        (e, p, r) for e in (False, True) for p in (False, True) for r in (False, True)
+    }
+    for name in ("serve", "hot_add"):  # after a partial wake; past the slots, last
+        assert any(op[0] == name for p in drawn for op in p["ops"]), name
+    rows = [r for p in drawn for op in p["ops"] if op[0] == "step" for r in op[1]]
+    assert {len(r) for r in rows} == {3, 4}, "some requests restricted by allowed_token_ids"
+    later = ("moe", "speculator", "extract", "prompt_logprobs", "reorder")
+    for program in drawn:
+        assert invalid(program) is None
+        # without these keys (their first values) the operations are valid too
+        assert (
+            invalid(
+                {
+                    "config": {k: v for k, v in program["config"].items() if k not in later},
+                    "ops": program["ops"],
+                }
+            )
+            is None
+        )
+
+
+def test_reader_configs_are_checked() -> None:
+    gate = {**CONFIG, "moe": "gate"}
+    assert "expert LoRA" in invalid({"config": gate, "ops": []})
+    assert invalid({"config": {**gate, "lora": False}, "ops": []}) is None
+    padded = {**CONFIG, "speculator": "padded", "backend": "flashmla", "draft": True}
+    assert "one of them" in invalid({"config": padded, "ops": []})
+    assert invalid({"config": {**padded, "draft": False}, "ops": []}) is None
+    assert "speculator" in invalid({"config": {**CONFIG, "speculator": "eagle"}, "ops": []})
+    ops = [["capture"], ["step", [[0, 1, 3], [0, 2, 0, 4]], 0]]
+    program = {
+        "config": {
+            **CONFIG,
+            "lora": False,
+            "moe": "gate_skip",
+            "speculator": "prefill",
+            "extract": True,
+            "prompt_logprobs": True,
+            "reorder": True,
+        },
+        "ops": ops,
+    }
+    assert invalid(json.loads(json.dumps(program))) is None
 
 
 @pytest.mark.parametrize(
@@ -182,7 +260,8 @@ class _Needs:
 
 def test_shrinking_keeps_only_what_the_finding_needs() -> None:
     """minimize() (no device): operations after the failing one, operations and sleep/wake
-    groups it does not need and requests it does not need go; the configuration gets plainer;
+    groups it does not need and requests it does not need go (and a request's allowed tokens);
+    the configuration gets plainer;
     the result still fails the same way and is a valid program."""
     program = {
         "config": {**CONFIG, "sizes": [4, 8], "tables_in_graph": True, "max_loras": 3},
@@ -195,7 +274,7 @@ def test_shrinking_keeps_only_what_the_finding_needs() -> None:
             ["sleep", 1],
             ["wake", ["weights"]],
             ["wake", ["kv_cache"]],
-            ["step", [[0, 1, 2], [2, 1, 7], [0, 1, 9]], 2],
+            ["step", [[0, 1, 2], [2, 1, 7, 3], [0, 1, 9]], 2],
             ["remove_lora", 2],
             ["step", [[1, 2, 4]], 3],
         ],
@@ -206,7 +285,7 @@ def test_shrinking_keeps_only_what_the_finding_needs() -> None:
     search.outcome, search.found_after_s = Outcome.WRONG_RESULT, 0.0
     shrunk, evidence = minimize(search, program, runs.run(search.job(program)).evidence)
     assert shrunk["ops"] == [["add_lora", 2, False], ["capture"], ["step", [[2, 1, 7]], 2]]
-    assert shrunk["config"] == {**program["config"], **SIMPLEST}
+    assert with_defaults(shrunk["config"]) == with_defaults({**program["config"], **SIMPLEST})
     assert invalid(shrunk) is None and evidence.startswith("operation 2 (step)")
 
 

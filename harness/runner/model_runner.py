@@ -407,6 +407,7 @@ class ModelRunner:
             if self.drafter is not None:  # upstream: _dummy_run runs the drafter's dummy too
                 self.drafter.dummy_run(num_tokens)
             batch = self.input_buffers.dummy(num_tokens, num_reqs)
+            self._prepare_speculator(batch)
             self._set_dummy_lora_state(num_tokens, num_reqs)
             return self._eager(batch, self.kv_cache.metadata(batch))
         if not requests:  # zero scheduled tokens: an empty step
@@ -677,6 +678,7 @@ class ModelRunner:
         tables_in_graph, the gather of the step's tables first): of the eager path (warmup),
         or of the capture-compatible one (upstream: the compiled graph's path)."""
         batch = self.input_buffers.dummy(desc.num_tokens, desc.num_reqs)
+        self._prepare_speculator(batch)
         attn = self.kv_cache.metadata(batch)
         attn.uniform_decode, attn.sched = desc.uniform_decode, FlashMLASchedMeta()
         self.capture_attn[desc] = attn
@@ -712,6 +714,16 @@ class ModelRunner:
         if self.cache_only is not None:
             self.cache_only.forward(hidden, attn.slot_mappings[0], self.launch)
         return hidden, logits
+
+    def _prepare_speculator(self, batch: InputBatch) -> None:
+        """The draft prefill's indices of `batch`'s last tokens, before its forward: a dummy
+        batch's too (a dummy run, a capture's warm-up), else its draft prefill gathers the
+        previous step's indices, past the dummy batch's hidden states (found by `repro fuzz`,
+        2026-11-27: a dummy run after a step of more tokens, fixed runner; upstream's dummy run
+        runs the drafter on dummy inputs of its own)."""
+        if self.speculator is None:
+            return
+        self.speculator.prepare(batch)
 
     def _draft_prefill(self, hidden: torch.Tensor, num_reqs: int) -> None:
         """The speculator's draft prefill on the step's hidden states: padded requests in a

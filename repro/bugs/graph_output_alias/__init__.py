@@ -86,11 +86,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: prompt logprobs and the padded drafter's graphs in one shared "
-        "output pool (RunnerConfig prompt_logprobs, draft_prefill, draft_graphs) are no "
-        "program configuration"
-    ),
     anchors=(
         (
             PART,

@@ -77,11 +77,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: add_lora past the slots while decoding requests hold every slot, "
-        "between two steps of one batch (a draw of that eviction was tried: not found in "
-        "2x120 s on the CPU, 2026-11-27)"
-    ),
     anchors=(
         (
             PART,

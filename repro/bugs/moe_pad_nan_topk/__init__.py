@@ -86,10 +86,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: the learned-gate MoE whose consumer sorts by expert (ModelConfig "
-        "learned_gate) is no program configuration"
-    ),
     folds=(Fold(PART, ("clamp_nonfinite", "CLAMP_NONFINITE"), FOLD_FILES),),
     anchors=(
         (

@@ -104,10 +104,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: skip-padding's contract (ModelConfig skip_padding) and the "
-        "learned-gate MoE are no program configuration"
-    ),
     folds=(Fold(PART, ("skip_invalid", "SKIP_INVALID"), FOLD_FILES),),
     anchors=(
         (

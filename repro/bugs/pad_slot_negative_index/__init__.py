@@ -67,10 +67,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: the cache-only layer (RunnerConfig extract_hidden_states) and a "
-        "read of its cache are not in the programs"
-    ),
     anchors=(
         (
             PART,

@@ -70,11 +70,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: a step while one tag is still asleep, and the engine's "
-        "data-parallel idle loop; a program wakes every tag before its next step and "
-        "drives the worker without the engine"
-    ),
     anchors=(
         (
             PART,
