@@ -14,6 +14,16 @@ each rank's words):
                it spins)
     DONE       calls this rank's kernel completed
     EXPIRED    calls whose wait ran out of spins (a bound, never reached by a correct run)
+    END_SPIN   the call that last had to wait for a peer's end flag (written before it spins)
+    BREACHES   calls in which, once this rank had read every input, a peer had already
+               completed that call: the peer left its end barrier before this rank read its
+               input, which it may then overwrite (never in a correct run)
+
+A lagging rank (`lag`: one rank, a scenario's forced order) holds between its start barrier
+and its reads until every peer has either completed the call or spins at its end barrier
+waiting for this rank (END_SPIN): so an end barrier that lets a rank through early is seen as a
+breach on every run, not only when the lagging rank's reads happen to come late (a bounded
+wait, as every other).
 
 A rank waits until each peer's flag equals the call's round. Where the round comes from:
 - the host (`host_round`, a scalar argument the host advances after each call): a CUDA graph
@@ -36,8 +46,8 @@ import triton.language as tl
 
 from kernels import launch  # noqa: F401  # the interpreter's patches (CPU runs)
 
-START, END, CALLS, SPINNING, DONE, EXPIRED = 0, 8, 16, 17, 18, 19
-SIGNAL_WORDS = 20  # int32 words per rank (START and END rows: up to 8 ranks)
+START, END, CALLS, SPINNING, DONE, EXPIRED, END_SPIN, BREACHES = 0, 8, 16, 17, 18, 19, 20, 21
+SIGNAL_WORDS = 22  # int32 words per rank (START and END rows: up to 8 ranks)
 MAX_RANKS = 8
 # loads per wait: far past any fixed run's wait (on a GPU, a local volatile load takes about a
 # microsecond: a minute of spinning, past a peer's first compile or a time slice of a shared GPU)
@@ -45,6 +55,7 @@ MAX_SPIN = 1 << 26
 # the same offsets, as the kernels see them
 _START, _END, _CALLS = tl.constexpr(START), tl.constexpr(END), tl.constexpr(CALLS)
 _SPINNING, _DONE, _EXPIRED = tl.constexpr(SPINNING), tl.constexpr(DONE), tl.constexpr(EXPIRED)
+_END_SPIN, _BREACHES = tl.constexpr(END_SPIN), tl.constexpr(BREACHES)
 
 
 def custom_allreduce(
@@ -56,6 +67,7 @@ def custom_allreduce(
     rank: int,
     device_round: bool = True,  # allreduce_device_round
     max_spin: int = MAX_SPIN,
+    lag: bool = False,  # this rank reads only once every peer is done or at its end barrier
 ) -> None:
     world, n = ptrs.shape[0], out.numel()
     assert ptrs.dtype == signals.dtype == torch.int64 and signals.shape[0] == world
@@ -74,6 +86,7 @@ def custom_allreduce(
         BLOCK=max(16, triton.next_power_of_2(n)),
         DEVICE_ROUND=device_round,
         MAX_SPIN=max_spin,
+        LAG=lag,
     )
 
 
@@ -84,18 +97,38 @@ def _signal(signals, rank):
 
 
 @triton.jit
-def _wait(flag, value, own, call, MAX_SPIN: tl.constexpr):
+def _wait(flag, value, own, call, MAX_SPIN: tl.constexpr, AT_END: tl.constexpr = False):
     """Spin until *flag == value (at most MAX_SPIN loads), first publishing in this rank's
-    SPINNING word that call `call` waits (a peer's host may order itself on it)."""
+    SPINNING word (and END_SPIN, at the end barrier) that call `call` waits (a peer's host, or
+    a lagging peer, may order itself on it)."""
     seen = tl.load(flag, volatile=True)
     if seen != value:
         tl.atomic_xchg(own + _SPINNING, call, sem="release", scope="sys")
+        if AT_END:
+            tl.atomic_xchg(own + _END_SPIN, call, sem="release", scope="sys")
     spins = 0
     while (seen != value) & (spins < MAX_SPIN):
         seen = tl.load(flag, volatile=True)
         spins += 1
     seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")  # the peer's writes before it
     if seen != value:
+        tl.atomic_add(own + _EXPIRED, 1, sem="relaxed", scope="sys")
+
+
+@triton.jit
+def _hold(peer, call, own, MAX_SPIN: tl.constexpr):
+    """Spin until the peer (its signal words) completed call `call` or spins at its end
+    barrier in it (at most MAX_SPIN loads; EXPIRED counts a hold that ran out)."""
+    ready = (tl.load(peer + _DONE, volatile=True) >= call) | (
+        tl.load(peer + _END_SPIN, volatile=True) >= call
+    )
+    spins = 0
+    while (ready == 0) & (spins < MAX_SPIN):
+        ready = (tl.load(peer + _DONE, volatile=True) >= call) | (
+            tl.load(peer + _END_SPIN, volatile=True) >= call
+        )
+        spins += 1
+    if ready == 0:
         tl.atomic_add(own + _EXPIRED, 1, sem="relaxed", scope="sys")
 
 
@@ -112,6 +145,7 @@ def _custom_allreduce_kernel(
     BLOCK: tl.constexpr,
     DEVICE_ROUND: tl.constexpr,
     MAX_SPIN: tl.constexpr,
+    LAG: tl.constexpr,
 ):
     own = _signal(signals, RANK)
     call = tl.atomic_add(own + _CALLS, 1, sem="relaxed", scope="sys") + 1
@@ -127,16 +161,23 @@ def _custom_allreduce_kernel(
         tl.atomic_xchg(_signal(signals, r) + _START + RANK, rnd, sem="release", scope="sys")
     for r in tl.static_range(WORLD):
         _wait(own + _START + r, rnd, own, call, MAX_SPIN)
+    if LAG:  # a forced order: every peer done with this call or spinning at its end barrier
+        for r in tl.static_range(WORLD):
+            if r != RANK:
+                _hold(_signal(signals, r), call, own, MAX_SPIN)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for r in tl.static_range(WORLD):  # in rank order on every rank: the same sums
         src = tl.load(ptrs + r).to(tl.pointer_type(tl.float32))
         acc += tl.load(src + offs, mask=mask, other=0.0, volatile=True)
+    for r in tl.static_range(WORLD):  # a peer that completed this call before these reads
+        if tl.load(_signal(signals, r) + _DONE, volatile=True) >= call:  # (never this rank)
+            tl.atomic_add(own + _BREACHES, 1, sem="relaxed", scope="sys")
     # end: every input read here; wait until every peer has read this rank's
     for r in tl.static_range(WORLD):
         tl.atomic_xchg(_signal(signals, r) + _END + RANK, rnd, sem="release", scope="sys")
     for r in tl.static_range(WORLD):
-        _wait(own + _END + r, rnd, own, call, MAX_SPIN)
+        _wait(own + _END + r, rnd, own, call, MAX_SPIN, True)
     tl.store(out + offs, acc, mask=mask)
     tl.atomic_add(own + _DONE, 1, sem="release", scope="sys")

@@ -338,6 +338,7 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
     ("ep dispatch and experts, hidden 128, 8 ranks x 4 experts", lambda: _ep(128, 8, 4, 256)),
     # the runner's TP all-reduce (128 elements) and the kernel's largest world
     ("custom all-reduce, 2 ranks, 128 elements", lambda: _custom_allreduce(2, 128)),
+    ("custom all-reduce, 2 ranks, the lagging rank", lambda: _custom_allreduce(2, 128, lag=True)),
     (
         "custom all-reduce, 8 ranks, 4096 elements, host round",
         lambda: _custom_allreduce(8, 4096, device_round=False),

@@ -171,3 +171,36 @@ def test_a_wait_for_a_peer_that_never_comes_is_bounded(device_round) -> None:
     assert words[0][EXPIRED] == 2  # the start and the end wait for rank 1
     assert words[1][START] == 1  # rank 0's flag, written into its peer's words
     assert out.tolist() == [3.0] * 4
+
+
+@EPOCH
+@pytest.mark.parametrize("peer", ["done", "end_spin", "neither"])
+def test_a_lagging_rank_counts_a_peer_that_left_before_its_reads(peer) -> None:
+    """Rank 1 lags (the scenario's forced order): it reads only once rank 0 completed the call
+    or spins at its end barrier, and counts in BREACHES a call rank 0 completed before rank 1
+    read its input (an end barrier that let rank 0 through early). Rank 0 is played by its
+    words: both its flags of round 1 written, and DONE = 1, END_SPIN = 1 or neither (the hold
+    then runs out of spins and counts itself in EXPIRED)."""
+    from kernels.custom_allreduce import (
+        BREACHES,
+        DONE,
+        END,
+        END_SPIN,
+        EXPIRED,
+        SIGNAL_WORDS,
+        START,
+        custom_allreduce,
+    )
+
+    words = [torch.zeros(SIGNAL_WORDS, dtype=torch.int32) for _ in range(2)]
+    words[1][START + 0] = words[1][END + 0] = 1  # rank 0's flags in rank 1's words
+    if peer != "neither":
+        words[0][DONE if peer == "done" else END_SPIN] = 1
+    inputs = [torch.full((4,), 1.0 + r) for r in range(2)]
+    table = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64)
+    out = torch.zeros(4)
+    counter = torch.zeros(1, dtype=torch.int32)
+    custom_allreduce(table(inputs), table(words), counter, out, 1, 1, max_spin=50, lag=True)
+    assert words[1][EXPIRED] == (1 if peer == "neither" else 0)  # the hold's bound
+    assert words[1][BREACHES] == (1 if peer == "done" else 0)
+    assert out.tolist() == [3.0] * 4

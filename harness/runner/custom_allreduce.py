@@ -34,7 +34,14 @@ from harness.fixes import ALL_FIXES, Fix, Variant
 from harness.runner.cudagraph import Launcher
 from harness.runner.parallel import ParallelConfig
 from harness.runner.peer_memory import PeerMemory
-from kernels.custom_allreduce import DONE, EXPIRED, SIGNAL_WORDS, SPINNING, custom_allreduce
+from kernels.custom_allreduce import (
+    BREACHES,
+    DONE,
+    EXPIRED,
+    SIGNAL_WORDS,
+    SPINNING,
+    custom_allreduce,
+)
 
 UNREGISTERED = -1  # a rank-data row before registration: an address no process maps
 
@@ -54,11 +61,13 @@ class CustomAllReduce:
         max_numel: int = 256,
         max_graph_inputs: int = 16,
         name: str = "car",
+        lag_rank: int | None = None,  # a forced order: this rank reads after its peers
     ) -> None:
         if parallel.world_size != parallel.tensor_parallel_size:
             raise ValueError("CustomAllReduce: a world of tensor-parallel ranks only")
         self.parallel, self.device, self.launch, self.fixes = parallel, device, launcher, fixes
         self.rank, self.max_numel = parallel.rank, max_numel
+        self.lag = lag_rank == parallel.rank  # the kernel's hold (kernels/custom_allreduce.py)
         args = (parallel, device, directory)
         self.signal = PeerMemory(f"{name}-signal", SIGNAL_WORDS, torch.int32, *args)
         self.buffer = PeerMemory(f"{name}-buffer", max_numel, torch.float32, *args)
@@ -121,6 +130,7 @@ class CustomAllReduce:
             self.round,
             self.rank,
             device_round=device_round,
+            lag=self.lag,
         )
         self.round += 1  # host code: runs once when captured
         return out
@@ -169,3 +179,8 @@ class CustomAllReduce:
     def expired(self) -> int:
         """This rank's waits that ran out of spins (0 on every correct run)."""
         return int(self.signal.local[EXPIRED].item())
+
+    def breaches(self) -> int:
+        """This rank's calls in which a peer completed the call before this rank had read its
+        input (0 on every correct run: the end barrier holds each rank until every peer read)."""
+        return int(self.signal.local[BREACHES].item())

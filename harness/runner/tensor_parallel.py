@@ -63,6 +63,7 @@ class TPSpecRunner:
         lora_cases: tuple[int, ...] = (1, 0),
         seed: int = 0,
         name: str = "car",  # the all-reduce's buffers' name (unique within a run)
+        lag_rank: int | None = None,  # the all-reduce's lagging rank (a forced order)
     ) -> None:
         self.parallel, self.device, self.fixes = parallel, device, fixes
         self.capture_sizes, self.lora_cases = capture_sizes, lora_cases
@@ -75,6 +76,7 @@ class TPSpecRunner:
             fixes,
             max_numel=max_num_tokens * hidden_size,
             name=name,
+            lag_rank=lag_rank,
         )
         g = torch.Generator().manual_seed(seed)  # every rank's weights alike
         shape = (hidden_size, hidden_size)

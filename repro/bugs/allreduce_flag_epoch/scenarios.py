@@ -65,8 +65,11 @@ def replayed_round_flags(ctx: Context) -> str:
     8's target graph three times in a row (steps without the drafter); size 4's twice; target
     and drafter graphs alternating; eager again. A forced order (`lockstep`) has rank 0 reach
     each all-reduce first: rank 1 launches its call only once rank 0 has completed it or spins
-    in it waiting for rank 1's flag. Each rank checks its outputs against the float64 sum of
-    both ranks' partial products of that step.
+    in it waiting for rank 1's flag; inside each call, rank 1 reads the inputs only once rank
+    0 has completed the call or spins at its end barrier (the kernel's hold, `lag_rank`), and
+    counts a call that rank 0 completed before rank 1's reads (it would be free to overwrite
+    its input while rank 1 reads it). Each rank checks its outputs against the float64 sum of
+    both ranks' partial products of that step, and that no call was breached.
 
     Fixed: the round is a counter in device memory the kernel advances at every call, replays
     included (vLLM #46913); rank 0 always finds a flag older than the call's round and spins
@@ -78,7 +81,7 @@ def replayed_round_flags(ctx: Context) -> str:
     all-reduce in graph mode). The first replay of each graph, graphs alternating, and eager
     calls (the host's round advances) stay right.
     """
-    runner = tp_runner(ctx, capture_sizes=(8, 4), lora_cases=(0,))
+    runner = tp_runner(ctx, capture_sizes=(8, 4), lora_cases=(0,), lag_rank=1)
     runner.order = lambda: lockstep(runner, ctx.rank, ctx.device)
     problems = walk(ctx, runner, FIRST, "first", 100)
     runner.capture_model()
@@ -86,6 +89,11 @@ def replayed_round_flags(ctx: Context) -> str:
     problems += walk(ctx, runner, CATCH_UP, "catch-up", 200)
     if runner.comm.expired():
         problems.append(f"rank {ctx.rank}: {runner.comm.expired()} waits ran out of spins")
+    if runner.comm.breaches():
+        problems.append(
+            f"rank {ctx.rank}: in {runner.comm.breaches()} all-reduces a peer left the end"
+            " barrier before this rank had read its input"
+        )
     expect_all(problems)
     steps = len(FIRST) + len(STEPS) + len(CATCH_UP)
     return f"{steps} steps as reference, rank 0 first at every all-reduce"
