@@ -36,6 +36,7 @@ STEPS = (
 # would meet the other's: the eager call's flags left holding the next replay's round; an
 # independent regression that did so died within 8 cycles on the CPU, 12 leave a margin)
 CATCH_UP = ((3, False, False), (4, True, False), (8, True, False)) * 12
+BREACH = "read its input after the peer had left the end barrier"  # the kernel's BREACHES
 ORDER_LIMIT_S = 60.0  # a peer that never reaches its call: the harness broke (never by design)
 
 
@@ -85,15 +86,12 @@ def replayed_round_flags(ctx: Context) -> str:
     runner.order = lambda: lockstep(runner, ctx.rank, ctx.device)
     problems = walk(ctx, runner, FIRST, "first", 100)
     runner.capture_model()
+    if runner.comm.breaches():
+        problems.append(f"capture: rank {ctx.rank} {BREACH}")
     problems += walk(ctx, runner, STEPS, "step", 0)
     problems += walk(ctx, runner, CATCH_UP, "catch-up", 200)
     if runner.comm.expired():
         problems.append(f"rank {ctx.rank}: {runner.comm.expired()} waits ran out of spins")
-    if runner.comm.breaches():
-        problems.append(
-            f"rank {ctx.rank}: in {runner.comm.breaches()} all-reduces a peer left the end"
-            " barrier before this rank had read its input"
-        )
     expect_all(problems)
     steps = len(FIRST) + len(STEPS) + len(CATCH_UP)
     return f"{steps} steps as reference, rank 0 first at every all-reduce"
@@ -107,9 +105,12 @@ def walk(ctx: Context, runner: TPSpecRunner, steps, label: str, seed: int) -> li
     hidden_size = runner.hidden.shape[1]
     for i, (n, graphs, draft) in enumerate(steps):
         hidden = step_inputs(seed + i, n, hidden_size).to(ctx.device)
+        breaches = runner.comm.breaches()
         target, drafted = runner.step(hidden, 0, use_graph=graphs, draft=draft)
         expected_target, expected_draft = references(runner, hidden.cpu())
         mine = f"{label} {i} ({n} tokens, {'graphs' if graphs else 'eager'}): rank {ctx.rank}"
+        if runner.comm.breaches() > breaches:
+            problems.append(f"{mine} {BREACH}")
         problems.append(close(f"{mine} target vs reference", target, expected_target))
         if draft:
             problems.append(close(f"{mine} drafter vs reference", drafted, expected_draft))
