@@ -110,6 +110,9 @@ class Fix(enum.Enum):
     # round ("flag color") is a counter in device memory the kernel advances at each call, not
     # a host scalar a CUDA graph freezes at capture
     ALLREDUCE_DEVICE_ROUND = "allreduce_device_round"
+    # vLLM #51113 (mamba_align_prefix_poison; issue #43559; first as #45477, #47861): in Mamba
+    # align mode, prefill chunks stay block-aligned past the EAGLE-backed-off last cache position
+    MAMBA_ALIGN_PAST_LAST_CACHE = "mamba_align_past_last_cache"
 
 
 Variant = frozenset[Fix]

@@ -123,6 +123,16 @@ STATES = (
     "the all-reduce's first call",
     "eager calls between replays, the replays outnumbering them",
     "graphs replayed alternately",
+    # a Mamba layer's align-mode prefix caching (harness/runner/mamba_align.py): the prompts'
+    # lengths just past, inside and on block boundaries; the step's token budget taken by one
+    # prefill or split between two; the last cacheable position backed off a block for EAGLE
+    # or not; a later request resuming from a cached state
+    "prompt lengths around Mamba block boundaries",
+    "two prefills sharing a step's token budget",
+    "one prefill per step",
+    "EAGLE back-off of the last cache position",
+    "no EAGLE back-off",
+    "prefix hit on a cached Mamba state",
 )
 
 
