@@ -54,7 +54,8 @@ def aligned_split(
         end = start + num_new // block * block
     elif start < last_cache < end:
         end = last_cache  # the last cacheable state is written
-    elif Fix.MAMBA_ALIGN_PAST_LAST_CACHE in fixes and end < num_tokens:
+    # else: past the last cacheable position, the chunk the budget cut
+    if Fix.MAMBA_ALIGN_PAST_LAST_CACHE in fixes and end < num_tokens:
         # fix: mamba_align_past_last_cache -- past the last cacheable position too, no chunk
         # but the prompt's last ends mid-block (else deferred): its entry would be passed
         end = max(end // block * block, start)

@@ -9,7 +9,7 @@ from harness.record import Mutant
 
 PART = Fix.MAMBA_ALIGN_PAST_LAST_CACHE
 ALIGN = "harness/runner/mamba_align.py"
-GATE = "elif Fix.MAMBA_ALIGN_PAST_LAST_CACHE in fixes and end < num_tokens:"
+GATE = "if Fix.MAMBA_ALIGN_PAST_LAST_CACHE in fixes and end < num_tokens:"
 FLOOR = "end = max(end // block * block, start)"
 
 MUTANTS = (
