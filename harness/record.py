@@ -133,6 +133,15 @@ STATES = (
     "EAGLE back-off of the last cache position",
     "no EAGLE back-off",
     "prefix hit on a cached Mamba state",
+    # the causal-conv1d kernel's two stores of a chunk's final conv state (kernels/
+    # causal_conv1d.py): a chunk shorter than the state (width - 1 tokens) or not, from a cached
+    # state (read from another slot than the one written) or a fresh one, and a sequence after
+    # it that reuses the same cached prefix
+    "conv chunk shorter than its state",
+    "conv chunk at least as long as its state",
+    "prefill from a prefix-cached state",
+    "prefill from a fresh state",
+    "a second sequence reusing the prefix",
 )
 
 

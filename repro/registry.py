@@ -15,6 +15,7 @@ from repro.bugs import (
     block_table_wake,
     capture_first_call,
     car_register_before_replay,
+    conv_state_short_chunk,
     dp_drafter_boundary_hang,
     dp_zero_token_skip,
     ep_graph_bucket_local,
@@ -81,6 +82,7 @@ BUGS: tuple[BugRecord, ...] = (
     ep_graph_bucket_local.RECORD,
     # Mamba align-mode prefix caching (issue 44), in upstream fix order
     mamba_align_prefix_poison.RECORD,
+    conv_state_short_chunk.RECORD,
 )
 
 

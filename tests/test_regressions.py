@@ -293,6 +293,18 @@ REQUIRED_AXES = {
             "prefix hit on a cached Mamba state",
         },
     },
+    # the conv kernel's two final-state stores: short and long chunks, from a cached state and
+    # a fresh one, and a later sequence reading the cached block
+    "conv_state_short_chunk": {
+        "graph_modes": {"NONE"},
+        "states": {
+            "conv chunk shorter than its state",
+            "conv chunk at least as long as its state",
+            "prefill from a prefix-cached state",
+            "prefill from a fresh state",
+            "a second sequence reusing the prefix",
+        },
+    },
 }
 
 

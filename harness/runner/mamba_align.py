@@ -2,9 +2,12 @@
 the scheduler's chunked prefill that must keep it consistent.
 
 The layer (`MambaMixer`): each token's embedding through a causal convolution of width
-WINDOW + 1 (its conv state: the last WINDOW inputs) and a decaying linear recurrence (its ssm
-state); a request's logits are the recurrence's last value through a head. A chunk of a prefill
-starts from the state at its first token and ends with the state at its last.
+WINDOW + 1 (a Triton kernel, kernels/causal_conv1d.py; its conv state: the last WINDOW inputs)
+and a decaying linear recurrence (its ssm state); a request's logits are the recurrence's last
+value through a head. A chunk of a prefill starts from the state at its first token, read from
+one slot, and ends with the state at its last, written to the entry of its last token (another
+slot when the chunk starts at a block boundary: a cached prefix block is read, not written;
+vLLM #56196's kernel wrote a chunk shorter than the conv state back where it read it).
 
 The state group (`AlignStates`): slots of state, a request's block-table entry p for its tokens
 [p * block, (p + 1) * block). A chunk reads its initial state from the entry holding its start
@@ -31,6 +34,7 @@ import torch
 from harness.fixes import ALL_FIXES, Fix, Variant
 from harness.runner.kv_cache import block_hashes
 from harness.runner.mamba import WINDOW
+from kernels.causal_conv1d import causal_conv1d
 
 POISON = float("nan")  # a slot no chunk wrote: NaN wherever it is read
 
@@ -144,21 +148,21 @@ class MambaMixer:
 
     def forward(self, tokens: Sequence[int], src: int | None, dst: int) -> torch.Tensor:
         """Run `tokens` from the state in slot `src` (None: zero), leave the state in slot
-        `dst`; returns the last token's logits."""
-        w, s = self.w, self.states
-        x = w.embedding[torch.tensor(list(tokens), device=w.embedding.device)].T  # [C, n]
-        if src is None:
-            conv_state = torch.zeros_like(s.conv[dst])
-            h = torch.zeros_like(s.ssm[dst])
-        else:
-            conv_state, h = s.conv[src].clone(), s.ssm[src].clone()
-        window = torch.cat([conv_state, x], dim=1)  # [C, WINDOW + n]
-        u = torch.stack(
-            [(window[:, t : t + WINDOW + 1] * w.conv).sum(1) for t in range(x.shape[1])], 1
-        )
-        for t in range(u.shape[1]):
-            h = w.decay * h + u[:, t]
-        s.conv[dst] = window[:, -WINDOW:]
+        `dst`; returns the last token's logits. The convolution is a Triton kernel
+        (kernels/causal_conv1d.py), the recurrence torch."""
+        w, s, device = self.w, self.states, self.w.embedding.device
+        x = w.embedding[torch.tensor(list(tokens), device=device)].contiguous()  # [n, C]
+        u = torch.empty_like(x)
+        slots = lambda slot: torch.tensor([slot], dtype=torch.int32, device=device)
+        bounds = torch.tensor([0, len(tokens)], dtype=torch.int32, device=device)
+        initial = slots(-1 if src is None else src)
+        # fix: conv_state_short_chunk -- a chunk shorter than the conv state stores it in its
+        # own slot too
+        own_block = Fix.CONV_STATE_OWN_BLOCK in self.fixes
+        causal_conv1d(x, w.conv, s.conv, bounds, initial, slots(dst), u, own_block=own_block)
+        h = torch.zeros_like(s.ssm[dst]) if src is None else s.ssm[src].clone()
+        for t in range(u.shape[0]):
+            h = w.decay * h + u[t]
         s.ssm[dst] = h
         return h @ w.head
 
