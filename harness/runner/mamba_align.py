@@ -34,8 +34,9 @@ import torch
 from harness.fixes import ALL_FIXES, Fix, Variant
 from harness.runner.kv_cache import block_hashes
 from harness.runner.mamba import WINDOW
-from kernels.causal_conv1d import causal_conv1d
+from kernels.causal_conv1d import STATE_LEN, causal_conv1d
 
+assert WINDOW == STATE_LEN, "the conv state the kernel keeps is mamba.py's window"
 POISON = float("nan")  # a slot no chunk wrote: NaN wherever it is read
 
 
