@@ -110,6 +110,13 @@ class Fix(enum.Enum):
     # round ("flag color") is a counter in device memory the kernel advances at each call, not
     # a host scalar a CUDA graph freezes at capture
     ALLREDUCE_DEVICE_ROUND = "allreduce_device_round"
+    # vLLM #51113 (mamba_align_prefix_poison; issue #43559; first as #45477, #47861): in Mamba
+    # align mode, prefill chunks stay block-aligned past the EAGLE-backed-off last cache position
+    MAMBA_ALIGN_PAST_LAST_CACHE = "mamba_align_past_last_cache"
+    # vLLM #56196 (conv_state_short_chunk; open upstream): the causal-conv1d kernel stores a
+    # prefill chunk shorter than its conv state into the sequence's own block, not the one its
+    # initial state was read from (a shared prefix block with prefix caching)
+    CONV_STATE_OWN_BLOCK = "conv_state_own_block"
 
 
 Variant = frozenset[Fix]

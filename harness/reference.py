@@ -131,3 +131,16 @@ def draft_reference(runner: ModelRunner, hidden_states: torch.Tensor, lens: list
     return split_kv_attention_reference(
         query, kv.k_caches[0], kv.v_caches[0], table, torch.tensor(lens), scale
     )
+
+
+def mixer_reference(weights, tokens: list[int]) -> torch.Tensor:
+    """A Mamba align-mode mixer's (harness/runner/mamba_align.py) logits after `tokens`, in
+    float64, the whole sequence from a zero state (no chunks, no slots)."""
+    x = _d(weights.embedding)[torch.tensor(tokens)]  # [n, C]
+    conv, decay = _d(weights.conv), _d(weights.decay)
+    width = conv.shape[1]
+    padded = torch.cat([torch.zeros(width - 1, x.shape[1], dtype=x.dtype), x])
+    h = torch.zeros(x.shape[1], dtype=x.dtype)
+    for t in range(len(tokens)):
+        h = decay * h + (padded[t : t + width].T * conv).sum(1)
+    return h @ _d(weights.head)

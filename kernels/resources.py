@@ -281,6 +281,15 @@ def _custom_allreduce(world: int, numel: int, **switches: bool) -> None:
     custom_allreduce(i64(world), i64(world), _i32(1), _empty(numel), 7, world - 1, **switches)
 
 
+def _causal_conv1d(num_seqs: int, dim: int, num_slots: int, own_block: bool = True) -> None:
+    """A Mamba layer's causal conv over the batch's chunks, conv states in slots."""
+    from kernels.causal_conv1d import STATE_LEN, WIDTH, causal_conv1d
+
+    x, seqs = _empty(8 * num_seqs, dim), _i32(num_seqs)
+    states = _empty(num_slots, dim, STATE_LEN)
+    causal_conv1d(x, _empty(dim, WIDTH), states, _i32(num_seqs + 1), seqs, seqs, x, own_block)
+
+
 # (label, launcher calls): the largest sizes of each domain and each path's boundaries
 SHAPES: list[tuple[str, Callable[[], None]]] = [
     ("align small path, 1020 pairs, 64 experts, 32 loras", lambda: _align(170, 6, 64, 32)),
@@ -339,6 +348,12 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
     # the runner's TP all-reduce (128 elements) and the kernel's largest world
     ("custom all-reduce, 2 ranks, 128 elements", lambda: _custom_allreduce(2, 128)),
     ("custom all-reduce, 2 ranks, the lagging rank", lambda: _custom_allreduce(2, 128, lag=True)),
+    # the Mamba engine's conv (4 channels) and a model's width of channels, both short stores
+    ("causal conv1d, 4 channels, 32 slots", lambda: _causal_conv1d(2, 4, 32)),
+    (
+        "causal conv1d, 8192 channels, 1024 slots, short store to the read slot",
+        lambda: _causal_conv1d(256, 8192, 1024, own_block=False),
+    ),
     (
         "custom all-reduce, 8 ranks, 4096 elements, host round",
         lambda: _custom_allreduce(8, 4096, device_round=False),

@@ -15,6 +15,7 @@ from repro.bugs import (
     block_table_wake,
     capture_first_call,
     car_register_before_replay,
+    conv_state_short_chunk,
     dp_drafter_boundary_hang,
     dp_zero_token_skip,
     ep_graph_bucket_local,
@@ -27,6 +28,7 @@ from repro.bugs import (
     lora_dummy_run,
     lora_graph_capture,
     lora_slot_memo,
+    mamba_align_prefix_poison,
     moe_align_grid,
     moe_lora_consumer_grid,
     moe_pad_nan_topk,
@@ -78,6 +80,9 @@ BUGS: tuple[BugRecord, ...] = (
     dp_drafter_boundary_hang.RECORD,
     allreduce_flag_epoch.RECORD,
     ep_graph_bucket_local.RECORD,
+    # Mamba align-mode prefix caching (issue 44), in upstream fix order
+    mamba_align_prefix_poison.RECORD,
+    conv_state_short_chunk.RECORD,
 )
 
 

@@ -280,6 +280,31 @@ REQUIRED_AXES = {
             "eager calls between replays, the replays outnumbering them",
         },
     },
+    # Mamba align-mode prefix caching (issue 44): prompts around block boundaries, a budget one
+    # prefill takes whole or two split mid-block, the EAGLE back-off on and off, a resume
+    "mamba_align_prefix_poison": {
+        "graph_modes": {"NONE"},
+        "states": {
+            "prompt lengths around Mamba block boundaries",
+            "two prefills sharing a step's token budget",
+            "one prefill per step",
+            "EAGLE back-off of the last cache position",
+            "no EAGLE back-off",
+            "prefix hit on a cached Mamba state",
+        },
+    },
+    # the conv kernel's two final-state stores: short and long chunks, from a cached state and
+    # a fresh one, and a later sequence reading the cached block
+    "conv_state_short_chunk": {
+        "graph_modes": {"NONE"},
+        "states": {
+            "conv chunk shorter than its state",
+            "conv chunk at least as long as its state",
+            "prefill from a prefix-cached state",
+            "prefill from a fresh state",
+            "a second sequence reusing the prefix",
+        },
+    },
 }
 
 

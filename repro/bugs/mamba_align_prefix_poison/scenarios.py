@@ -1,0 +1,75 @@
+"""Scenarios of mamba_align_prefix_poison (vLLM #51113): each function's docstring is its bug
+report.
+
+The record (fix parts, expected outcomes) is in the package; see its docstring.
+"""
+
+from __future__ import annotations
+
+from harness.oracle import close, expect_all
+from harness.record import Context
+from harness.reference import mixer_reference
+from harness.runner.mamba_align import MambaAlignEngine
+
+BLOCK, BUDGET = 8, 16  # every prompt fits one step's budget: a prefill alone is never split
+FIRST = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # 10 tokens: scheduled first, it leaves 6 of the budget
+PROMPT = [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9, 0, 4, 5]  # the producer's, cut to each length
+TAIL = [11, 12, 13]  # the consumer: the producer's first block, then tokens of its own
+# (label, EAGLE back-off, the producer's length, whether a first prefill shares its budget)
+CASES = (
+    *(("EAGLE, two prefills", True, n, True) for n in (9, 12, 15, 16)),
+    ("EAGLE, one prefill", True, 15, False),
+    ("no EAGLE, two prefills", False, 15, True),
+)
+
+
+def _mid_block_ends(what: str, engine: MambaAlignEngine, prompts: dict) -> list[str]:
+    """Upstream's invariant (its test_mamba_align_chunk_split.py): every chunk of a prefill but
+    its last ends on a block boundary, the position its entry is hashed at."""
+    return [
+        f"{what}: {c.req}'s chunk [{c.start}, {c.end}) ends mid-block, not at its prompt's end"
+        for step in engine.chunks
+        for c in step
+        if c.req in prompts and c.end % BLOCK and c.end < len(prompts[c.req])
+    ]
+
+
+def shared_budget_resume(ctx: Context) -> str:
+    """A Mamba layer in align mode (blocks of 8 tokens, prefix caching on, a step's budget 16
+    tokens: every prompt fits in one step alone). Per case: a first wave of prefills, the
+    producer after a 10-token prompt that takes part of the budget (or alone), then a consumer
+    whose prompt is the producer's first block and 3 tokens of its own, which resumes from the
+    state cached at token 8 when there is one. Cases: producer prompts of 9, 12, 15 and 16
+    tokens with the EAGLE back-off of the last cache position (under two blocks it is 0), one
+    prefill alone, and two prefills without the back-off. Every request's last logits must
+    match a reference that runs its whole prompt from a zero state, and every chunk but a
+    prompt's last must end on a block boundary (upstream's invariant).
+
+    Fixed: a chunk past the last cache position still ends on a block boundary or at the
+    prompt's end: the producer's 6-token share is deferred, its prompt runs in one chunk and
+    its first entry stays null (no hit for the consumer), or with 16 tokens or without the
+    back-off the chunk stops at token 8 and the consumer's hit is right. Buggy: with the
+    back-off and two prefills, the producer's first chunk ends mid-block (tokens 0-6, or 0-4),
+    the next crosses token 8 and the entry holding the state at token 6 is hashed as the state
+    at 8; the consumer resumes from it: its logits differ, and the producer's first chunk ends
+    mid-block (wrong result, both devices)."""
+    problems, hits = [], []
+    for label, eagle, length, shared in CASES:
+        engine = MambaAlignEngine(ctx.device, ctx.fixes, block=BLOCK, budget=BUDGET, eagle=eagle)
+        producer = PROMPT[:length]
+        first = {"first": FIRST} if shared else {}
+        wave = engine.prefill({**first, "producer": producer})
+        consumer = [*producer[:BLOCK], *TAIL]
+        (hit, logits) = engine.prefill({"consumer": consumer})["consumer"]
+        hits.append(hit)
+        what = f"{label}, producer of {length} tokens"
+        for req, prompt in (*first.items(), ("producer", producer)):
+            ref = mixer_reference(engine.weights, prompt)
+            problems.append(close(f"{what}: {req} logits vs reference", wave[req][1], ref))
+        ref = mixer_reference(engine.weights, consumer)
+        problems.append(
+            close(f"{what}: consumer (hit {hit} tokens) logits vs reference", logits, ref)
+        )
+        problems += _mid_block_ends(what, engine, {**first, "producer": producer})
+    expect_all(problems)
+    return f"{len(CASES)} cases: every request's logits as the reference (consumer hits {hits})"
