@@ -94,6 +94,20 @@ RECORD = BugRecord(
             ),
             ranks=4,  # DP 2 x TP 2: the fix holds under data parallelism too
         ),
+        Scenario(
+            "tp_pair_verify_drafts",
+            (Expect(frozenset({PART}), MISMATCH),),
+            timeout_s=120.0,
+            axes=Axes(
+                graph_modes=("NONE",),
+                states=("several drafts", "TP ranks sample drafts' acceptance, seed unset"),
+            ),
+            signature=(
+                r"step 1: rank \d all_reduce\(tp, \(\d+, \d+\), \w+\) vs rank \d "
+                r"all_reduce\(tp, \(\d+, \d+\), \w+\)"
+            ),
+            ranks=2,  # TP 2 alone: NCCL with one GPU per rank on a two-GPU machine
+        ),
     ),
     package=__name__,
     fidelity=FIDELITY,

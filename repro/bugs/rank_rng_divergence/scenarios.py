@@ -83,6 +83,15 @@ def _probs(runner: ModelRunner, tokens: list[int], head: torch.Tensor) -> torch.
     return torch.softmax(hidden[-1] @ head.T, -1)
 
 
+def tp_pair_verify_drafts(ctx: Context) -> str:
+    """The steps of `tp_ranks_verify_drafts` (below) on one tensor-parallel group of two ranks,
+    no data parallelism: the layout that runs on NCCL, one GPU per rank, on a machine with two
+    GPUs (the four-rank one needs four). Fixed: every step as reference. Buggy: the drafter's
+    all-reduce has one row more on one rank than on the other at step 1: collective_mismatch.
+    """
+    return tp_ranks_verify_drafts(ctx)
+
+
 def tp_ranks_verify_drafts(ctx: Context) -> str:
     """Two data-parallel ranks of two tensor-parallel ranks each (four processes: DP 2 x TP
     2, as a DP deployment of TP engines lays them out) serve one request per DP rank with
@@ -107,12 +116,15 @@ def tp_ranks_verify_drafts(ctx: Context) -> str:
     step 1 (upstream: an NCCL hang, or ranks silently running different tokens); the
     coordinator's trace comparison names it: collective_mismatch.
     """
-    if ctx.world_size != 4:
-        raise RuntimeError(f"runs as 4 ranks (Scenario.ranks), got world size {ctx.world_size}")
+    if ctx.world_size not in (2, 4):
+        raise RuntimeError(f"runs as 2 or 4 ranks (Scenario.ranks), not {ctx.world_size}")
     device = ctx.device
     draws = _draws(DEFAULT_SEED, device)
     parallel = ParallelConfig(
-        world_size=4, rank=ctx.rank, data_parallel_size=2, tensor_parallel_size=2
+        world_size=ctx.world_size,
+        rank=ctx.rank,
+        data_parallel_size=ctx.world_size // 2,
+        tensor_parallel_size=2,
     )
     torch.manual_seed(_rank_process_seeds(draws, device)[parallel.tp_rank])
     config = runner_config(
