@@ -110,6 +110,10 @@ class Fix(enum.Enum):
     # round ("flag color") is a counter in device memory the kernel advances at each call, not
     # a host scalar a CUDA graph freezes at capture
     ALLREDUCE_DEVICE_ROUND = "allreduce_device_round"
+    # vLLM #48251 (reload_derived_rebind; tracker #48312): post-load processing refreshes the
+    # tensors it derives from the parameters in place (copy_ into their storage) at a reload,
+    # so graphs captured before it read the new weights, not the old allocation
+    RELOAD_DERIVED_IN_PLACE = "reload_derived_in_place"
 
 
 Variant = frozenset[Fix]

@@ -123,6 +123,11 @@ STATES = (
     "the all-reduce's first call",
     "eager calls between replays, the replays outnumbering them",
     "graphs replayed alternately",
+    # weight reloads (reload_weights: a trainer's update) under a graph captured before them,
+    # and post-load processing that derives more than one tensor from the parameters
+    "weights reloaded with the same values",
+    "weights reloaded with new values",
+    "several derived tensors",
 )
 
 

@@ -34,6 +34,7 @@ from repro.bugs import (
     pad_slot_negative_index,
     partial_wake_forward,
     rank_rng_divergence,
+    reload_derived_rebind,
     sleep_prefix_cache,
     spec_capture_state,
     spec_prewarm_captured_state,
@@ -78,6 +79,8 @@ BUGS: tuple[BugRecord, ...] = (
     dp_drafter_boundary_hang.RECORD,
     allreduce_flag_epoch.RECORD,
     ep_graph_bucket_local.RECORD,
+    # weights reloaded under captured graphs (issue 44), in upstream fix order
+    reload_derived_rebind.RECORD,
 )
 
 

@@ -280,6 +280,18 @@ REQUIRED_AXES = {
             "eager calls between replays, the replays outnumbering them",
         },
     },
+    # weights reloaded under a graph captured before (issue 44): eager beside the replay, a
+    # reload of the same values (which masks it) and of new ones, the reload of a level-2 wake
+    "reload_derived_rebind": {
+        **WAKE,
+        "graph_modes": {"NONE", "FULL"},
+        "states": {
+            "graphs across a level-2 sleep",
+            "weights reloaded with the same values",
+            "weights reloaded with new values",
+            "several derived tensors",
+        },
+    },
 }
 
 

@@ -793,5 +793,6 @@ class ModelRunner:
                 in_place=Fix.BLOCK_TABLE_REFRESH_IN_PLACE in self.fixes
             )
 
-    def reload_weights(self) -> None:
-        self.model.reload_weights()
+    def reload_weights(self, seed: int | None = None) -> None:
+        """The checkpoint again (`seed`: a new one), then the model's post-load processing."""
+        self.model.reload_weights(seed)
