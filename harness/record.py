@@ -128,6 +128,14 @@ STATES = (
     "weights reloaded with the same values",
     "weights reloaded with new values",
     "several derived tensors",
+    # a CPU tier of the KV cache (kv_offload.py): its stores issued in the step that writes
+    # the blocks or at the next step's start, of one block or several, and a new request's
+    # prefix loaded from it
+    "store issued in the step of its KV writes",
+    "store issued a step after its KV writes",
+    "one block stored",
+    "several blocks stored",
+    "prefix hit in the CPU tier",
 )
 
 

@@ -31,6 +31,7 @@ from repro.bugs import (
     moe_lora_consumer_grid,
     moe_pad_nan_topk,
     moe_pad_sentinel,
+    offload_store_race,
     pad_slot_negative_index,
     partial_wake_forward,
     rank_rng_divergence,
@@ -79,8 +80,9 @@ BUGS: tuple[BugRecord, ...] = (
     dp_drafter_boundary_hang.RECORD,
     allreduce_flag_epoch.RECORD,
     ep_graph_bucket_local.RECORD,
-    # weights reloaded under captured graphs (issue 44), in upstream fix order
+    # weights reloaded under captured graphs, KV blocks offloaded to a CPU tier (issue 44)
     reload_derived_rebind.RECORD,
+    offload_store_race.RECORD,
 )
 
 

@@ -292,6 +292,18 @@ REQUIRED_AXES = {
             "several derived tensors",
         },
     },
+    # a CPU tier's stores under a late compute stream (issue 44): in the step of the writes
+    # and a step later, one block and several, eager and replayed, then a prefix hit on them
+    "offload_store_race": {
+        "graph_modes": {"NONE", "FULL"},
+        "states": {
+            "store issued in the step of its KV writes",
+            "store issued a step after its KV writes",
+            "one block stored",
+            "several blocks stored",
+            "prefix hit in the CPU tier",
+        },
+    },
 }
 
 
