@@ -146,3 +146,36 @@ def test_deferred_stores_after_the_host_waited_pass_either_way(device, fixes) ->
     assert torch.equal(
         held.to(runner.kv_cache.k_caches[0].device), runner.kv_cache.k_caches[0][block]
     )
+
+
+@VARIANTS
+def test_deferred_stores_with_the_host_a_step_ahead(device, fixes) -> None:
+    """Async scheduling's overlap: the next step starts (and issues the deferred stores)
+    before the host waited for the step that writes the blocks: only the fix's wait orders
+    the copy after the writes."""
+    runner = _runner(device, fixes, offload_store_next_step=True, offload_host_ahead=True)
+    tier, kv = runner.offload, runner.kv_cache
+    runner.execute_model([Request("a", PROMPT)], use_cudagraph=False)
+    assert tier.last is not None, "the host went on without waiting"
+    runner.execute_model([Request("a", (0,), 0, len(PROMPT))], use_cudagraph=False)
+    tier.synchronize()
+    tier.finish_stores()
+    block = kv.blocks[0][0][0]
+    held = tier.k[0][tier.cached[tier.hashes(PROMPT)[0]]].to(kv.k_caches[0].device)
+    assert kv.k_caches[0][block].abs().sum() > 0
+    assert torch.equal(held, kv.k_caches[0][block]) == (fixes == ALL_FIXES)
+
+
+def test_a_launcher_with_a_queue_hands_its_launches_over(device) -> None:
+    """What the CPU tier's steps rely on: launches bound to their tensors' storages, run when
+    the queue runs them."""
+    from harness.runner.cudagraph import Launcher
+
+    launch, queued = Launcher(), []
+    x = torch.zeros(3, device=device)
+    launch.queue = queued.append
+    launch(x.fill_, 1.0)
+    assert x.tolist() == [0.0] * 3 and len(queued) == 1
+    launch.queue = None
+    queued[0]()
+    assert x.tolist() == [1.0] * 3

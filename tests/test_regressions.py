@@ -293,7 +293,8 @@ REQUIRED_AXES = {
         },
     },
     # a CPU tier's stores under a late compute stream (issue 44): in the step of the writes
-    # and a step later, one block and several, eager and replayed, then a prefix hit on them
+    # and a step later (the host a step ahead), one block and several, eager and replayed,
+    # then a prefix hit on them
     "offload_store_race": {
         "graph_modes": {"NONE", "FULL"},
         "states": {
@@ -302,6 +303,7 @@ REQUIRED_AXES = {
             "one block stored",
             "several blocks stored",
             "prefix hit in the CPU tier",
+            "two steps in flight",
         },
     },
 }

@@ -2,16 +2,18 @@
 host blocks (pinned on a GPU) keyed by block hash, filled from the device's blocks once a step
 computed them and read back for a new request whose prefix the device no longer holds.
 
-Every step's device work goes on the compute stream (streams.py's main stream); the connector's
-copies on a side stream (the copy stream). A store (device -> host) of the full blocks a step
-wrote is issued in that step, once its forward is launched (upstream: get_finished), or with
-`store_next_step` at the start of the next step (vLLM #31341's deferral); the host then waits
-for the step's output. The fix part of vLLM #46278 makes the side stream wait for a
-compute-done event recorded after the step's KV writes; without it only the host's order (the
-scheduler's word that the tokens are computed) stands between the writes and the copy, and
-with RunnerConfig.scheduler.stream_delay the compute stream runs late (the device behind the
-host), so the store copies what the blocks held before. A store's block becomes a hit once its
-copy has finished (the host waits for pending stores before a lookup). A load (host ->
+Every step's device work goes on the compute stream (streams.py's main stream: the runner's
+launches are handed to it while the step's forward runs); the connector's copies on a side
+stream (the copy stream). A store (device -> host) of the full blocks a step wrote is issued in
+that step, once its forward is launched (upstream: get_finished), or with `store_next_step` at
+the start of the next step (vLLM #31341's deferral); the host then waits for the step's output,
+or with `host_ahead` (async scheduling's overlap) goes on and waits at the next step's start,
+after its deferred stores are issued. The fix part of vLLM #46278 makes the side stream wait
+for a compute-done event recorded after the step's KV writes; without it only the host's order
+(the scheduler's word that the tokens are computed) stands between the writes and the copy,
+and with RunnerConfig.scheduler.stream_delay the compute stream runs late (the device behind
+the host), so the store copies what the blocks held before. A store's block becomes a hit once
+its copy has finished (the host waits for pending stores before a lookup). A load (host ->
 device) waits for the compute stream's earlier work and the step's forward waits for it.
 NOTE: one block size for every KV-cache group: a block index names the same tokens in each.
 """
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from harness.fixes import Fix, Variant
+from harness.runner.cudagraph import Launcher
 from harness.runner.kv_cache import KVCache, block_hashes
 from harness.runner.streams import Event, Streams
 
@@ -37,12 +40,16 @@ class CPUOffloadConnector:
         num_cpu_blocks: int,
         device: str,
         fixes: Variant,
+        launch: Launcher,
         delay: bool = False,
         store_next_step: bool = False,
+        host_ahead: bool = False,
     ) -> None:
         if len(set(kv.block_sizes)) != 1:
             raise ValueError(f"the CPU tier needs one block size, got {kv.block_sizes}")
-        self.kv, self.fixes, self.store_next_step = kv, fixes, store_next_step
+        self.kv, self.fixes, self.launch = kv, fixes, launch
+        self.store_next_step, self.host_ahead = store_next_step, host_ahead
+        self.last: Event | None = None  # after the last step's launches
         self.size = kv.block_sizes[0]
         self.streams = Streams(device, delay, late="main")
         # NOTE: NaN until a store writes them: a load of a block never stored shows
@@ -94,22 +101,43 @@ class CPUOffloadConnector:
 
     # -- the worker's side --------------------------------------------------------------------
 
-    def execute(self, forward: Callable[[], object], requests: Sequence) -> object:
-        """The step: the deferred stores of the last step, `forward` on the compute stream
-        after this step's loads, the stores of the blocks it fills; then the host waits for
-        its output (`forward`'s return)."""
+    def start_step(self) -> None:
+        """A step starts (before its inputs are prepared): the last step's deferred stores are
+        issued, then the host waits for the last step if it has not (`host_ahead`: the
+        runner's persistent buffers are that step's until then)."""
         self._issue(self.deferred)
         self.deferred = []
-        out = {}
-        self.streams.on_main(self.loads, lambda: out.update(step=forward()))
-        self.loads = None
+        if self.last is not None:
+            self.last.synchronize()
+            self.last = None
+
+    def execute(self, forward: Callable[[], object], requests: Sequence) -> object:
+        """The step: `forward`, its host code now and its launches on the compute stream after
+        this step's loads; the stores of the blocks it fills (or deferred); then the host
+        waits for its output, or with `host_ahead` goes on (async scheduling's overlap: the
+        next step's start, or `synchronize`, waits). Returns `forward`'s output."""
+        if self.loads is not None:
+            self.streams.wait(self.streams.main, self.loads)
+            self.loads = None
+        self.launch.queue = self.streams.main.submit
+        try:
+            out = forward()
+        finally:
+            self.launch.queue = None
         stores = self._full_blocks(requests)
         if self.store_next_step:
             self.deferred = stores
         else:
             self._issue(stores)
+        self.last = self.streams.record_main()
+        if not self.host_ahead:  # the host waits for the step's output
+            self.last.synchronize()
+            self.last = None
+        return out
+
+    def synchronize(self) -> None:
+        """The host waits for every step launched."""
         self.streams.record_main().synchronize()
-        return out["step"]
 
     def _full_blocks(self, requests: Sequence) -> list[Store]:
         """The stores of every full block the step's requests hold that the tier lacks."""

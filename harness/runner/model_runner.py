@@ -85,6 +85,9 @@ class CacheConfig:
     # that fills the blocks, or at the start of the next one
     cpu_offload_blocks: int = 0
     offload_store_next_step: bool = False
+    # the host a step ahead of the device (async scheduling's overlap, for the CPU tier): a
+    # step's output is waited for once the next step is launched (kv_offload.py)
+    offload_host_ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,8 +269,10 @@ class ModelRunner:
                 c.cache.cpu_offload_blocks,
                 self.device,
                 self.fixes,
+                self.launch,
                 c.scheduler.stream_delay,
                 c.cache.offload_store_next_step,
+                c.cache.offload_host_ahead,
             )
             if c.cache.cpu_offload_blocks
             else None
@@ -420,6 +425,8 @@ class ModelRunner:
     ) -> ModelOutput:
         """A real step (graph replay when one fits), or a dummy run (eager, no KV writes);
         `prev_sampled` fills a scheduler's placeholders on the device (async_inputs.py)."""
+        if self.offload is not None:
+            self.offload.start_step()
         if dummy_run:
             self._coordinate_dp(num_tokens)  # a dummy run joins the ranks' agreement too
             if self.drafter is not None:  # upstream: _dummy_run runs the drafter's dummy too

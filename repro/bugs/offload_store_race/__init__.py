@@ -37,9 +37,11 @@ FIDELITY = Fidelity(
         "the tier is a dict of block hashes over host blocks with no eviction and one block "
         "size; stores are two copies per block and group (K, V) on the stream model's copy "
         "stream; the device's lateness is streams.py's delay on the compute stream (the "
-        "step's forward held on the host until the host waits for its output), not a busy "
-        "GPU; the host waits for pending stores before a lookup (upstream: get_finished "
-        "reports them); no async scheduling, so the deferred store (#31341) is not raced"
+        "step's launches held on the host until the host waits for them), not a busy GPU; "
+        "the host waits for pending stores before a lookup (upstream: get_finished reports "
+        "them); async scheduling's overlap is only the host a step ahead up to the next "
+        "step's start (offload_host_ahead), where it waits for the last step before it "
+        "prepares the next one's inputs"
     ),
 )
 
@@ -77,6 +79,7 @@ RECORD = BugRecord(
                     "one block stored",
                     "several blocks stored",
                     "prefix hit in the CPU tier",
+                    "two steps in flight",
                 ),
             ),
             signature="of A's blocks in the CPU tier vs the device's: \\d+/\\d+ differ",

@@ -9,7 +9,12 @@ from harness.record import Mutant
 PART = Fix.OFFLOAD_STORE_WAIT_COMPUTE
 CONNECTOR = "harness/runner/kv_offload.py"
 WAIT = "            self.streams.wait(self.streams.copy, self.streams.record_main())\n"
-LAUNCH = "        self.streams.on_main(self.loads, lambda: out.update(step=forward()))\n"
+FORWARD = """        self.launch.queue = self.streams.main.submit
+        try:
+            out = forward()
+        finally:
+            self.launch.queue = None
+"""
 GATE = """        if Fix.OFFLOAD_STORE_WAIT_COMPUTE in self.fixes:
             # fix: offload_store_wait_compute -- the step's KV writes may still be queued on
             # the compute stream: the side stream waits for an event recorded after them
@@ -20,7 +25,6 @@ LOOP = """        event = None
             for tier, caches in ((self.k[g], self.kv.k_caches), (self.v[g], self.kv.v_caches)):
                 event = self.streams.copy_after(None, tier[host], caches[g][block])
 """
-LOADS = "        self.loads = None\n"
 STORES = "        stores = self._full_blocks(requests)\n"
 ISSUE = """        if self.store_next_step:
             self.deferred = stores
@@ -54,8 +58,8 @@ MUTANTS = (
         PART,
         "ordering",
         CONNECTOR,
-        LAUNCH + LOADS + STORES + ISSUE,
-        STORES + ISSUE + LAUNCH + LOADS,
+        FORWARD + STORES + ISSUE,
+        STORES + ISSUE + FORWARD,
         "the stores are issued before the step's forward is launched: the event they wait for "
         "precedes the KV writes",
     ),
@@ -68,6 +72,16 @@ MUTANTS = (
         "        if Fix.OFFLOAD_STORE_WAIT_COMPUTE in self.fixes and self.store_next_step:\n",
         "only the deferred path waits (#31341's connector fixed, the simple one not): stores in "
         "the step of their writes race them",
+    ),
+    Mutant(
+        "wait_only_for_stores_in_the_step",
+        PART,
+        "partial",
+        CONNECTOR,
+        "        if Fix.OFFLOAD_STORE_WAIT_COMPUTE in self.fixes:\n",
+        "        if Fix.OFFLOAD_STORE_WAIT_COMPUTE in self.fixes and not self.store_next_step:\n",
+        "the deferred stores skip the wait, trusting the one-step deferral (#45704: host "
+        "bookkeeping, no device order once the host runs a step ahead)",
     ),
     Mutant(
         "wait_only_for_several_blocks",
