@@ -117,6 +117,14 @@ class Fix(enum.Enum):
     # prefill chunk shorter than its conv state into the sequence's own block, not the one its
     # initial state was read from (a shared prefix block with prefix caching)
     CONV_STATE_OWN_BLOCK = "conv_state_own_block"
+    # vLLM #48251 (reload_derived_rebind; tracker #48312): post-load processing refreshes the
+    # tensors it derives from the parameters in place (copy_ into their storage) at a reload,
+    # so graphs captured before it read the new weights, not the old allocation
+    RELOAD_DERIVED_IN_PLACE = "reload_derived_in_place"
+    # vLLM #46278 (offload_store_race; issue #45704; #31341 for the OffloadingConnector): the CPU
+    # offload connector's GPU-to-CPU stores wait for a compute-done event recorded after the
+    # step's KV writes, not only for the scheduler's word that the tokens are computed
+    OFFLOAD_STORE_WAIT_COMPUTE = "offload_store_wait_compute"
 
 
 Variant = frozenset[Fix]

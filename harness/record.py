@@ -142,6 +142,19 @@ STATES = (
     "prefill from a prefix-cached state",
     "prefill from a fresh state",
     "a second sequence reusing the prefix",
+    # weight reloads (reload_weights: a trainer's update) under a graph captured before them,
+    # and post-load processing that derives more than one tensor from the parameters
+    "weights reloaded with the same values",
+    "weights reloaded with new values",
+    "several derived tensors",
+    # a CPU tier of the KV cache (kv_offload.py): its stores issued in the step that writes
+    # the blocks or at the next step's start, of one block or several, and a new request's
+    # prefix loaded from it
+    "store issued in the step of its KV writes",
+    "store issued a step after its KV writes",
+    "one block stored",
+    "several blocks stored",
+    "prefix hit in the CPU tier",
 )
 
 

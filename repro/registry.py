@@ -33,9 +33,11 @@ from repro.bugs import (
     moe_lora_consumer_grid,
     moe_pad_nan_topk,
     moe_pad_sentinel,
+    offload_store_race,
     pad_slot_negative_index,
     partial_wake_forward,
     rank_rng_divergence,
+    reload_derived_rebind,
     sleep_prefix_cache,
     spec_capture_state,
     spec_prewarm_captured_state,
@@ -83,6 +85,9 @@ BUGS: tuple[BugRecord, ...] = (
     # Mamba align-mode prefix caching (issue 44), in upstream fix order
     mamba_align_prefix_poison.RECORD,
     conv_state_short_chunk.RECORD,
+    # weights reloaded under captured graphs, KV blocks offloaded to a CPU tier (issue 44)
+    reload_derived_rebind.RECORD,
+    offload_store_race.RECORD,
 )
 
 

@@ -305,6 +305,32 @@ REQUIRED_AXES = {
             "a second sequence reusing the prefix",
         },
     },
+    # weights reloaded under a graph captured before (issue 44): eager beside the replay, a
+    # reload of the same values (which masks it) and of new ones, the reload of a level-2 wake
+    "reload_derived_rebind": {
+        **WAKE,
+        "graph_modes": {"NONE", "FULL"},
+        "states": {
+            "graphs across a level-2 sleep",
+            "weights reloaded with the same values",
+            "weights reloaded with new values",
+            "several derived tensors",
+        },
+    },
+    # a CPU tier's stores under a late compute stream (issue 44): in the step of the writes
+    # and a step later (the host a step ahead), one block and several, eager and replayed,
+    # then a prefix hit on them
+    "offload_store_race": {
+        "graph_modes": {"NONE", "FULL"},
+        "states": {
+            "store issued in the step of its KV writes",
+            "store issued a step after its KV writes",
+            "one block stored",
+            "several blocks stored",
+            "prefix hit in the CPU tier",
+            "two steps in flight",
+        },
+    },
 }
 
 

@@ -89,12 +89,17 @@ class Launcher:
         self.recording: list[Work] | None = None
         self.names: list[str] | None = None  # names of launches made while capturing
         self.split: Callable[[Work], None] | None = None  # set while capturing PIECEWISE
+        # set while a stream model holds the device work back (kv_offload.py: a late compute
+        # stream): each launch is handed to it, bound as a graph records it
+        self.queue: Callable[[Work], None] | None = None
 
     def __call__(self, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
         if self.names is not None:
             self.names.append(_name(fn))
         if self.recording is not None:
             self.recording.append(bound_work(fn, *args, **kwargs))
+        elif self.queue is not None:
+            self.queue(bound_work(fn, *args, **kwargs))
         else:
             fn(*args, **kwargs)
 
@@ -402,6 +407,10 @@ class CudaGraphManager:
         return min(fits, key=best) if fits else None
 
     def run(self, desc: BatchExecutionDescriptor) -> object:
-        """Replay the graph of `desc`; its outputs (buffers the replay refreshed)."""
-        self.graphs[desc].replay()
+        """Replay the graph of `desc` (on the launcher's queue when it has one); its outputs
+        (buffers the replay refreshes)."""
+        if self.launcher.queue is not None:
+            self.launcher(self.graphs[desc].replay)
+        else:
+            self.graphs[desc].replay()
         return self.outputs[desc]

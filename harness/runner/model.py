@@ -22,6 +22,8 @@ adapter (the punica wrapper's prompt mapping). Base weights and adapters are sma
 The normalizer is the model's one buffer (`named_buffers`): it lives in the weights pool with
 the base weights but is derived from the config, so reload_weights() (the checkpoint) does not
 write it.
+With `derived_weights` the LM head's GEMM and the embedding's gather read tensors derived from
+those parameters by post-load processing (post_load.py), which every reload_weights() re-runs.
 Weights, activations and the KV cache are in the runner's dtype (float32, bfloat16 or float16:
 kernels accumulate in float32 and round each store once; the LoRA shrink buffers stay float32,
 as upstream's). All device work goes through `launch`.
@@ -41,6 +43,7 @@ from harness.runner.flashmla import FlashMLABackend
 from harness.runner.input_batch import InputBatch
 from harness.runner.kv_cache import AttentionMetadata
 from harness.runner.lora import MoEConfig, PunicaWrapper
+from harness.runner.post_load import DerivedWeights
 from kernels.moe_permute import moe_finalize, moe_permute_experts
 from kernels.paged_attention import paged_attention, reshape_and_cache
 from kernels.topk_gate import topk_gate
@@ -85,6 +88,9 @@ class ModelConfig:
     embed_scale: float = 1.0
     learned_gate: bool = False  # the MoE routes by a learned gate, not by token id
     skip_padding: bool = False  # the gate marks padding rows -1 (upstream VLLM_MOE_SKIP_PADDING)
+    # post-load processing derives the LM head's transpose and a float32 embedding table, which
+    # the forward reads instead of the parameters (post_load.py; vLLM #48251)
+    derived_weights: bool = False
 
 
 def _ints(gen: torch.Generator, *shape: int, low: int = -1, high: int = 2) -> torch.Tensor:
@@ -118,6 +124,8 @@ class TinyLoRADecoder:
         self.normalizer = place(torch.tensor([c.embed_scale], dtype=self.dtype))  # [1]
         self.attn = [[place(w) for w in ws] for ws in weights["attn"]]  # per layer q, k, v, o
         self.gate = place(weights["gate"]) if c.learned_gate else None  # [experts, hidden]
+        self.checkpoint_seed = c.seed  # the checkpoint reload_weights() writes
+        self.derived = DerivedWeights(self.head, self.embed, place) if c.derived_weights else None
         self.fixes: Variant = ALL_FIXES  # set by the runner: the variant's fix parts
         self.decode_backend: FlashMLABackend | None = None  # set by the runner's config
         self.moe = MoEConfig()  # set by the runner: align backend and fix switches
@@ -133,8 +141,9 @@ class TinyLoRADecoder:
         self.head_a, self.head_b = zeros(1, L, r, H), zeros(1, L, c.vocab_size, r)
         self.adapter_enabled = torch.ones(L + 1, dtype=torch.int32, device=device)
 
-    def _seeded_weights(self) -> dict:
-        c, gen = self.config, torch.Generator().manual_seed(self.config.seed)
+    def _seeded_weights(self, seed: int | None = None) -> dict:
+        c = self.config
+        gen = torch.Generator().manual_seed(c.seed if seed is None else seed)
         embed = _ints(gen, c.vocab_size, c.hidden_size)
         mlp = _ints(gen, c.hidden_size, c.hidden_size)
         experts = _ints(gen, c.num_experts, c.hidden_size, c.hidden_size)
@@ -160,15 +169,21 @@ class TinyLoRADecoder:
             "gate": gate.to(self.dtype),
         }
 
-    def reload_weights(self) -> None:
-        """Write the seeded base weights again, in place (after their memory was discarded)."""
-        weights = self._seeded_weights()
+    def reload_weights(self, seed: int | None = None) -> None:
+        """Write the checkpoint's base weights again, in place (after their memory was
+        discarded), then run the post-load processing. `seed`: a new checkpoint (a trainer's
+        weight update), which later reloads write too."""
+        if seed is not None:
+            self.checkpoint_seed = seed
+        weights = self._seeded_weights(self.checkpoint_seed)
         for name in ("embed", "head", "mlp", "experts", "gate"):
             if getattr(self, name) is not None:
                 getattr(self, name).copy_(weights[name])
         for mine, fresh in zip(self.attn, weights["attn"], strict=True):
             for w, f in zip(mine, fresh, strict=True):
                 w.copy_(f)
+        if self.derived is not None:
+            self.derived.refresh(self.head, self.embed, self.fixes)
 
     def named_buffers(self) -> dict[str, torch.Tensor]:
         """The model's buffers: state the forward reads that is no checkpoint parameter."""
@@ -218,7 +233,8 @@ class TinyLoRADecoder:
         sample = torch.empty(rows, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(torch.index_select, h, 0, batch.logits_indices, out=sample)
         logits = torch.empty(rows, c.vocab_size, dtype=self.dtype, device=self.device)
-        launch(torch.mm, sample, self.head.T, out=logits)
+        head_t = self.head.T if self.derived is None else self.derived.tensors["head_t"]
+        launch(torch.mm, sample, head_t, out=logits)
         if wrappers is not None:
             buffer = torch.empty(1, rows, c.max_lora_rank, device=self.device)
             wrappers[3].add_lora_logits(
@@ -229,12 +245,13 @@ class TinyLoRADecoder:
     def _embed(self, input_ids, wrappers, launch: Launcher) -> torch.Tensor:
         c, n = self.config, input_ids.shape[0]
         h = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
+        embed = self.embed if self.derived is None else self.derived.tensors["embed_f32"]
         if wrappers is None:
-            launch(_embed_base, input_ids, self.embed, h)
+            launch(_embed_base, input_ids, embed, h)
         else:
             a_rows = torch.empty(1, n, c.max_lora_rank, dtype=self.dtype, device=self.device)
             offsets = wrappers[0].embeddings_indices[1, :n]
-            launch(_embed, input_ids, offsets, self.embed, self.embed_a, h, a_rows)
+            launch(_embed, input_ids, offsets, embed, self.embed_a, h, a_rows)
             wrappers[0].add_lora_embedding(h, a_rows, self.embed_b, launch)
         launch(torch.mul, h, self.normalizer, out=h)
         return h

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 
 import torch
 
@@ -49,6 +50,7 @@ from harness.runner.input_batch import (
     decode_first_swaps,
 )
 from harness.runner.kv_cache import AttentionMetadata, KVCache
+from harness.runner.kv_offload import CPUOffloadConnector
 from harness.runner.lora import (
     LoRAManager,
     LoRAMapping,
@@ -79,6 +81,13 @@ class CacheConfig:
     enable_prefix_caching: bool = False  # generate() reuses cached blocks of a prompt's prefix
     hybrid: bool = False  # a Mamba-like state group shares group 0's blocks (mamba.py)
     sliding_window: int = 0  # attention over the last tokens only (the paged kernel's window)
+    # a CPU tier of this many blocks (kv_offload.py; 0: none), its stores issued in the step
+    # that fills the blocks, or at the start of the next one
+    cpu_offload_blocks: int = 0
+    offload_store_next_step: bool = False
+    # the host a step ahead of the device (async scheduling's overlap, for the CPU tier): a
+    # step's output is waited for once the next step is launched (kv_offload.py)
+    offload_host_ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +263,20 @@ class ModelRunner:
         )
         self.model.fixes = self.fixes
         self.model.moe = moe_config(self.fixes, self.device)
+        self.offload = (
+            CPUOffloadConnector(
+                self.kv_cache,
+                c.cache.cpu_offload_blocks,
+                self.device,
+                self.fixes,
+                self.launch,
+                c.scheduler.stream_delay,
+                c.cache.offload_store_next_step,
+                c.cache.offload_host_ahead,
+            )
+            if c.cache.cpu_offload_blocks
+            else None
+        )
         pages = c.attention.decode_backend == "trtllm"
         backend = FlashMLABackend(c.attention.num_splits, c.max_model_len, self.device, pages)
         self.model.decode_backend = backend if c.attention.decode_backend != "paged" else None
@@ -402,6 +425,8 @@ class ModelRunner:
     ) -> ModelOutput:
         """A real step (graph replay when one fits), or a dummy run (eager, no KV writes);
         `prev_sampled` fills a scheduler's placeholders on the device (async_inputs.py)."""
+        if self.offload is not None:
+            self.offload.start_step()
         if dummy_run:
             self._coordinate_dp(num_tokens)  # a dummy run joins the ranks' agreement too
             if self.drafter is not None:  # upstream: _dummy_run runs the drafter's dummy too
@@ -446,7 +471,12 @@ class ModelRunner:
             self._activate_adapters(requests)
             mapping = LoRAMapping(batch.token_lora_ids, batch.req_lora_ids, is_prefill=True)
             self.lora_manager._adapter_manager.set_adapter_mapping(mapping)
-        out = self._eager(batch, attn) if desc is None else self._replay(desc, batch)
+        # the step's device work: on the CPU tier's compute stream when there is one
+        if desc is None:
+            step = partial(self._eager, batch, attn)
+        else:
+            step = partial(self._replay, desc, batch)
+        out = step() if self.offload is None else self.offload.execute(step, requests)
         logits = self.sampling.apply(out.logits) if restricted else out.logits
         out = replace(out, logits=logits, req_ids=tuple(q.req_id for q in requests))
         if self.drafter is not None:
@@ -793,5 +823,6 @@ class ModelRunner:
                 in_place=Fix.BLOCK_TABLE_REFRESH_IN_PLACE in self.fixes
             )
 
-    def reload_weights(self) -> None:
-        self.model.reload_weights()
+    def reload_weights(self, seed: int | None = None) -> None:
+        """The checkpoint again (`seed`: a new one), then the model's post-load processing."""
+        self.model.reload_weights(seed)

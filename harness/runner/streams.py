@@ -41,7 +41,7 @@ from harness.runner.cudagraph import Work, bound_work
 class _Stream:
     """A host queue of work for `device` (a CUDA stream; None: the CPU runs items as they are
     dequeued), `done` items of it dequeued. A delayed stream dequeues only on demand, and lets
-    its `peer` (the main stream) dequeue all it can before each of its items."""
+    its `peer` (the other stream) dequeue all it can before each of its items."""
 
     delayed: bool
     device: torch.cuda.Stream | None = None
@@ -52,8 +52,8 @@ class _Stream:
 
     def _step(self) -> None:
         item = self.work[self.done]
-        self.done += 1
         if isinstance(item, Event):  # this stream waits for another's event
+            # NOTE: dequeued once the wait is met: a peer that runs meanwhile sees it waiting
             item.stream.run_until(item.position)
             mark = item.mark()
             if mark is not None:
@@ -62,9 +62,10 @@ class _Stream:
             item()
         else:
             if self.delayed and self.peer is not None:
-                self.device.wait_stream(self.peer.device)  # after the main stream's work so far
+                self.device.wait_stream(self.peer.device)  # after the peer's work so far
             with torch.cuda.stream(self.device):
                 item()
+        self.done += 1
         if self.device is not None:
             self.marks[self.done] = self.device.record_event()
 
@@ -117,13 +118,22 @@ class Event:
 
 
 class Streams:
-    """The main stream and one copy stream of `device`; `delay`: the copy stream runs late."""
+    """The main stream and one copy stream of `device`; `delay`: the `late` stream runs late:
+    the copy stream (its copies after the main stream's work), or "main" (the device behind
+    the host: the main stream's work reaches the device only at a host wait, after the copy
+    stream's so far, as a side stream's copy that waits for nothing runs ahead of it)."""
 
-    def __init__(self, device: str, delay: bool = False) -> None:
+    def __init__(self, device: str, delay: bool = False, late: str = "copy") -> None:
+        if late not in ("copy", "main"):
+            raise ValueError(f"late: copy or main, got {late!r}")
         self.device, self.delay = device, delay
         cuda = device == "cuda"
-        self.main = _Stream(False, torch.cuda.current_stream() if cuda else None)
-        self.copy = _Stream(delay, torch.cuda.Stream() if cuda else None, peer=self.main)
+        self.main = _Stream(delay and late == "main", torch.cuda.current_stream() if cuda else None)
+        self.copy = _Stream(delay and late == "copy", torch.cuda.Stream() if cuda else None)
+        if late == "copy":
+            self.copy.peer = self.main
+        else:
+            self.main.peer = self.copy
 
     @staticmethod
     def _record(stream: _Stream) -> Event:
@@ -149,6 +159,19 @@ class Streams:
         """Download device memory into a host tensor (pinned on a GPU), non-blocking: after the
         main stream's work so far (upstream: copy_stream.wait_stream(main_stream))."""
         return self._on_copy(dst, src)
+
+    def copy_after(self, after: Event | None, dst: torch.Tensor, src: torch.Tensor) -> Event:
+        """dst <- src on the copy stream after `after` only (None: whatever the main stream
+        has queued); its event."""
+        if after is not None:
+            self.wait(self.copy, after)
+        self.copy.submit(bound_work(dst.copy_, src, non_blocking=True))
+        return self._record(self.copy)
+
+    def record_main(self) -> Event:
+        """The event after the main stream's work so far (upstream: recorded on the compute
+        stream)."""
+        return self._record(self.main)
 
     def on_main(self, after: Event | None, fn: Callable[..., object], *args: object) -> Event:
         """`fn(*args)` on the main stream, after `after` (a device-side wait: the host does not
