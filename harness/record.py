@@ -123,6 +123,13 @@ STATES = (
     "the all-reduce's first call",
     "eager calls between replays, the replays outnumbering them",
     "graphs replayed alternately",
+    # structured outputs (structured_output.py): guided requests (a grammar's bitmask) and free
+    # ones in one batch, a guided request in a row after a free one, every row guided, and the
+    # scheduler's guided requests in an order unlike the batch's rows
+    "guided and free rows in one batch",
+    "guided rows after free rows",
+    "every row guided",
+    "the scheduler's order unlike the batch's",
 )
 
 

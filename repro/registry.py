@@ -18,6 +18,7 @@ from repro.bugs import (
     dp_drafter_boundary_hang,
     dp_zero_token_skip,
     ep_graph_bucket_local,
+    grammar_bitmask_fill,
     graph_output_alias,
     input_batch_swap_alias,
     kernel_block_size,
@@ -78,6 +79,8 @@ BUGS: tuple[BugRecord, ...] = (
     dp_drafter_boundary_hang.RECORD,
     allreduce_flag_epoch.RECORD,
     ep_graph_bucket_local.RECORD,
+    # structured outputs and lookahead slots (issue 44), in upstream fix order
+    grammar_bitmask_fill.RECORD,
 )
 
 

@@ -280,6 +280,17 @@ REQUIRED_AXES = {
             "eager calls between replays, the replays outnumbering them",
         },
     },
+    # structured outputs (issue 44): guided and free rows mixed, guided after free, every row
+    # guided, the scheduler's order unlike the batch's
+    "grammar_bitmask_fill": {
+        "graph_modes": {"NONE"},
+        "states": {
+            "guided and free rows in one batch",
+            "guided rows after free rows",
+            "every row guided",
+            "the scheduler's order unlike the batch's",
+        },
+    },
 }
 
 

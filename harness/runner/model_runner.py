@@ -62,6 +62,7 @@ from harness.runner.parallel import Collectives, ParallelConfig
 from harness.runner.rejection_sampler import SpecStep, rejection_sample
 from harness.runner.sleep_mode import TaggedPools, make_pools
 from harness.runner.speculator import DraftPrefill
+from harness.runner.structured_output import GrammarOutput, StructuredOutputsWorker
 from kernels.paged_attention import reshape_and_cache, zero_kv_blocks
 
 FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
@@ -229,6 +230,9 @@ class ModelRunner:
         self.launch = Launcher()
         self.input_buffers = InputBuffers(c.max_num_tokens, c.max_num_reqs, self.device)
         self.sampling = SamplingStates(c.max_num_reqs, m.vocab_size, self.fixes)
+        self.structured_outputs = StructuredOutputsWorker(
+            c.max_num_reqs, m.vocab_size, c.device, self.fixes
+        )
         self.async_sampler = None
         if c.scheduler.async_output:
             self.sampling, self.async_sampler = async_sampling(c, m.vocab_size)
@@ -399,9 +403,11 @@ class ModelRunner:
         num_reqs: int = 1,
         use_cudagraph: bool = True,
         prev_sampled: PrevSampled | None = None,
+        grammar: GrammarOutput | None = None,
     ) -> ModelOutput:
         """A real step (graph replay when one fits), or a dummy run (eager, no KV writes);
-        `prev_sampled` fills a scheduler's placeholders on the device (async_inputs.py)."""
+        `prev_sampled` fills a scheduler's placeholders on the device (async_inputs.py);
+        `grammar` masks the guided requests' logits (structured_output.py)."""
         if dummy_run:
             self._coordinate_dp(num_tokens)  # a dummy run joins the ranks' agreement too
             if self.drafter is not None:  # upstream: _dummy_run runs the drafter's dummy too
@@ -449,6 +455,8 @@ class ModelRunner:
         out = self._eager(batch, attn) if desc is None else self._replay(desc, batch)
         logits = self.sampling.apply(out.logits) if restricted else out.logits
         out = replace(out, logits=logits, req_ids=tuple(q.req_id for q in requests))
+        if grammar is not None:  # the scheduler's bitmask of the guided requests
+            self.structured_outputs.apply(grammar, out.req_ids, out.logits, self.launch)
         if self.drafter is not None:
             out = replace(out, drafts=self.drafter.propose(requests, out.logits))
         return self._read_prompt_logprobs(out)
