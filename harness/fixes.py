@@ -115,6 +115,11 @@ class Fix(enum.Enum):
     # request fills, and only the guided requests' rows are scattered into it
     GRAMMAR_NEUTRAL_FILL = "grammar_neutral_fill"
     GRAMMAR_GUIDED_ROW_COUNT = "grammar_guided_row_count"
+    # vLLM #42971, #43733 (draft_lookahead_alloc): a drafter that writes KV past the sequence in
+    # the target's step gets its k + 1 lookahead slots (the bonus token's too) allocated, on a
+    # request's first (prefill) step as on every later one
+    DRAFT_LOOKAHEAD_BONUS_SLOT = "draft_lookahead_bonus_slot"
+    DRAFT_LOOKAHEAD_ON_PREFILL = "draft_lookahead_on_prefill"
 
 
 Variant = frozenset[Fix]

@@ -130,6 +130,13 @@ STATES = (
     "guided rows after free rows",
     "every row guided",
     "the scheduler's order unlike the batch's",
+    # a drafter's lookahead slots (lookahead.py): a request's sequence ending at a block
+    # boundary and just before one, a new request with a prefix hit, and a running request
+    # whose blocks came from the prefix cache (a shared prefix)
+    "sequence ends at a block boundary",
+    "sequence ends just before a block boundary",
+    "new request with a prefix hit",
+    "running request on prefix-cache blocks",
 )
 
 

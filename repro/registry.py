@@ -17,6 +17,7 @@ from repro.bugs import (
     car_register_before_replay,
     dp_drafter_boundary_hang,
     dp_zero_token_skip,
+    draft_lookahead_alloc,
     ep_graph_bucket_local,
     grammar_bitmask_fill,
     graph_output_alias,
@@ -81,6 +82,7 @@ BUGS: tuple[BugRecord, ...] = (
     ep_graph_bucket_local.RECORD,
     # structured outputs and lookahead slots (issue 44), in upstream fix order
     grammar_bitmask_fill.RECORD,
+    draft_lookahead_alloc.RECORD,
 )
 
 

@@ -291,6 +291,20 @@ REQUIRED_AXES = {
             "the scheduler's order unlike the batch's",
         },
     },
+    # a drafter's lookahead slots (issue 44): sequences ending at and before a block boundary,
+    # one and several drafts, a new request with a prefix hit and one without, its victim on
+    # shared prefix blocks, the target eager and replayed
+    "draft_lookahead_alloc": {
+        "graph_modes": {"NONE", "FULL"},
+        "states": {
+            "one draft",
+            "several drafts",
+            "sequence ends at a block boundary",
+            "sequence ends just before a block boundary",
+            "new request with a prefix hit",
+            "running request on prefix-cache blocks",
+        },
+    },
 }
 
 

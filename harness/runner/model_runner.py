@@ -49,6 +49,7 @@ from harness.runner.input_batch import (
     decode_first_swaps,
 )
 from harness.runner.kv_cache import AttentionMetadata, KVCache
+from harness.runner.lookahead import LookaheadDrafter, lookahead_slots
 from harness.runner.lora import (
     LoRAManager,
     LoRAMapping,
@@ -127,6 +128,9 @@ class SpecConfig:
     rejection_sampling: bool = False
     # a drafter's tokens per request after each step (drafter.py; 0: none)
     num_speculative_tokens: int = 0
+    # the drafter writes its own KV at the step's tokens and k + 1 positions past them in the
+    # target's step (lookahead.py: DFlash-like parallel drafting), in lookahead slots
+    parallel_drafting: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +283,15 @@ class ModelRunner:
             if c.spec.num_speculative_tokens
             else None
         )
+        if self.drafter is not None and c.spec.parallel_drafting:
+            self.drafter = LookaheadDrafter(
+                self.model,
+                self.kv_cache,
+                c.spec.num_speculative_tokens,
+                c.max_model_len,
+                self.pools,
+                self.launch,
+            )
         self.lora_manager = LoRAManager(
             LoRAModelManager(m.max_loras, m.vocab_size, self._punica_wrappers(), self.fixes)
         )
@@ -440,7 +453,13 @@ class ModelRunner:
         if prev_sampled is not None:
             prev_sampled.fill(batch)
         for row, q in enumerate(requests):
-            self.kv_cache.ensure_blocks(row, q.num_computed_tokens + len(q.token_ids), q.token_ids)
+            lookahead = 0  # the drafter's slots past the step's tokens, if it writes KV there
+            if self.config.spec.parallel_drafting and self.drafter is not None:
+                first = self.kv_cache.first_step(row)
+                lookahead = lookahead_slots(self.drafter.k, first, self.fixes)
+            self.kv_cache.ensure_blocks(
+                row, q.num_computed_tokens + len(q.token_ids), q.token_ids, lookahead
+            )
         self._zero_new_blocks()
         if self.config.cache.hybrid:
             self._update_states(requests)
