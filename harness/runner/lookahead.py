@@ -5,12 +5,13 @@ num_lookahead_tokens, vllm/v1/core/sched/scheduler.py).
 After the target's step, each request's drafter pass runs in the same step: it writes its own
 KV layer (a cache of group 0's blocks, beside the target's) at the step's tokens and at k + 1
 query positions past the sequence (the bonus token, the target's sampled one, and k mask
-tokens), then drafts k tokens at once from attention over every position it wrote, the
-context's and the query block's (DFlash's bidirectional block attention, here with equal
-weights: the mean of the values). Each position's slot comes from the request's row of the
-block table. A row is written up to the request's allocation: its entries past it keep an
-earlier tenant's block ids (or 0), so a position past the allocation writes into a block
-another request may hold, or a prefix-cache entry a later request hits.
+tokens), then drafts k tokens at once from every position it wrote, the context's and the
+query block's (DFlash's bidirectional block attention, here reduced to the sum of the values:
+draft j scores the sum plus mask token j's value through the LM head). Each position's slot
+comes from the request's row of the block table. A row is written up to the request's
+allocation: its entries past it keep an earlier tenant's block ids (or 0), so a position past
+the allocation writes into a block another request may hold, or a prefix-cache entry a later
+request hits.
 
 The scheduler's lookahead: k + 1 slots past the step's tokens, on every step (fix parts
 `draft_lookahead_bonus_slot`, vLLM #42971: DFlash's query block is the bonus token and k mask
@@ -95,9 +96,8 @@ class LookaheadDrafter:
                 reshape_and_cache, kv, kv, self.k_cache, self.v_cache, self.slots(row, written)
             )
             read = self.slots(row, torch.arange(end + self.k + 1, device=device))
-            context = self.v_cache.flatten(0, 1).flatten(1)[read].float().mean(0)
-            query = embed[bonus[row]].float() + masks.float()  # [k, hidden]
-            scores.append((context + query) @ head.float().T)
+            context = self.v_cache.flatten(0, 1).flatten(1)[read].float().sum(0)
+            scores.append((context + masks.float()) @ head.float().T)  # [k, vocab]
         self.draft_logits = torch.stack(scores)
         return self.draft_logits.argmax(-1)
 

@@ -42,8 +42,8 @@ FIDELITY = Fidelity(
     ),
     what=(
         "the drafter is a toy: its KV of a token is the token's embedding, mask tokens a "
-        "constant, its drafts the LM head over the mean of every written position's values "
-        "(DFlash's bidirectional block attention with equal weights); its KV layer is its own "
+        "constant, its drafts the LM head over the sum of every written position's values "
+        "(DFlash's bidirectional block attention reduced to a sum); its KV layer is its own "
         "cache in group 0's blocks. Upstream's symptom is the victims' draft quality (lossless "
         "verification); here the victims' draft logits and drafts are compared with the "
         "drafter's on their own tokens: wrong_result. The runner's prefix cache has no "

@@ -36,7 +36,7 @@ def lookahead_past_allocation(ctx: Context) -> str:
     """A drafter that writes its KV in the target's step, past the sequence: after each step
     every request's drafter pass writes its own KV layer (group 0's blocks) at the step's
     tokens and at k + 1 positions past them (the bonus token and k mask tokens: DFlash's query
-    block), then drafts from the mean of every position's values; each slot comes from the
+    block), then drafts from the sum of every position's values; each slot comes from the
     request's row of the block table. Prefix caching, blocks of 4 tokens. Request X (row 1,
     12 tokens) and Y (row 2, 4 tokens) run a step and finish: their full blocks stay cached,
     row 1's table still names X's blocks. Then one batch: D (row 0) whose prompt extends X's
@@ -128,4 +128,4 @@ def draft_reference(runner: ModelRunner, seq: list[int], bonus: int, k: int) -> 
     head = runner.model.head.detach().double().cpu()
     masks = mask_values(k, embed.shape[1])
     values = torch.cat([embed[list(seq)], embed[bonus : bonus + 1], masks])
-    return (values.mean(0) + embed[bonus] + masks) @ head.T
+    return (values.sum(0) + masks) @ head.T
