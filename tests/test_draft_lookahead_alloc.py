@@ -40,10 +40,14 @@ def _kv(device: str) -> KVCache:
 
 def test_the_lookahead_is_allocated_within_max_model_len(device) -> None:
     kv = _kv(device)
-    kv.ensure_blocks(0, 3, (1, 2, 3), lookahead=2)
+    kv.lookahead = {0: 2}
+    kv.ensure_blocks(0, 3, (1, 2, 3))
     assert len(kv.blocks[0][0]) == 2  # slots 0-4
-    kv.ensure_blocks(0, 11, tuple(range(8)), lookahead=3)
+    kv.lookahead = {0: 3}
+    kv.ensure_blocks(0, 11, tuple(range(8)))
     assert len(kv.blocks[0][0]) == 3  # 14 slots capped at max_model_len 12
+    kv.ensure_blocks(1, 4, (1, 2, 3, 4))
+    assert len(kv.blocks[1][0]) == 1  # no lookahead for row 1
 
 
 def test_a_row_is_new_until_its_first_step_and_again_once_freed(device) -> None:

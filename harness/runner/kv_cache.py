@@ -112,6 +112,8 @@ class KVCache:
         self.block_hash: list[dict[int, int]] = [{} for _ in self.block_sizes]  # block -> hash
         self.new_block_ids: list[list[int]] = [[] for _ in self.block_sizes]
         self.running: set[int] = set()  # rows whose request has run a step since it was given
+        # row -> the slots past its tokens a drafter writes in the step (the scheduler's count)
+        self.lookahead: dict[int, int] = {}
 
     def free(self, row: int) -> None:
         """Request row `row` finished: its blocks queue up at the free lists' tails, each
@@ -208,13 +210,11 @@ class KVCache:
         for cache in (*self.k_caches, *self.v_caches):
             cache.copy_(torch.randn(cache.shape, generator=gen))
 
-    def ensure_blocks(
-        self, row: int, seq_len: int, token_ids: Sequence[int] = (), lookahead: int = 0
-    ) -> None:
+    def ensure_blocks(self, row: int, seq_len: int, token_ids: Sequence[int] = ()) -> None:
         """Enough blocks in every group for `seq_len` tokens of request row `row`, whose step
-        schedules `token_ids` (the last ones), and `lookahead` slots past them (a drafter's,
-        within max_model_len); a hybrid runner's new request gets a state block first. With
-        prefix caching the row's full blocks are cached."""
+        schedules `token_ids` (the last ones), and its `lookahead` slots past them (a
+        drafter's, within max_model_len); a hybrid runner's new request gets a state block
+        first. With prefix caching the row's full blocks are cached."""
         if seq_len > self.max_model_len:
             raise ValueError(
                 f"sequence of {seq_len} tokens over max_model_len {self.max_model_len}"
@@ -223,7 +223,7 @@ class KVCache:
         self.running.add(row)
         if self.hybrid and row not in self.state_blocks:
             self.state_blocks[row] = self._take(0)
-        slots = min(seq_len + lookahead, self.max_model_len)
+        slots = min(seq_len + self.lookahead.get(row, 0), self.max_model_len)
         for g, size in enumerate(self.block_sizes):
             while len(owned[g]) < triton.cdiv(slots, size):
                 owned[g].append(self._take(g))

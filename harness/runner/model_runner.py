@@ -17,7 +17,11 @@ ranks on each rank's token count (upstream: coordinate_batch_across_dp); the fix
 decoding (execute_spec_step) draws its acceptance uniforms from the runner's sampling generator,
 whose seed holds the fix part of vLLM #17929 (an unset seed is 0 on every tensor-parallel rank).
 A drafter (drafter.py) agrees on each draft step's batch too; vLLM #40589's fix part keeps a
-rank whose batch cannot take its drafts near max_model_len in those agreements.
+rank whose batch cannot take its drafts near max_model_len in those agreements. A parallel
+drafter (lookahead.py) writes KV past each sequence in the step: the step first sets each
+row's lookahead slots (`_set_lookahead`, vLLM #42971's and #43733's fix parts). A step given
+the scheduler's grammar bitmask masks the guided requests' logits (structured_output.py, vLLM
+#22896's and #22963's fix parts).
 """
 
 from __future__ import annotations
@@ -452,14 +456,10 @@ class ModelRunner:
         )
         if prev_sampled is not None:
             prev_sampled.fill(batch)
+        if self.config.spec.parallel_drafting and self.drafter is not None:
+            self._set_lookahead(requests)
         for row, q in enumerate(requests):
-            lookahead = 0  # the drafter's slots past the step's tokens, if it writes KV there
-            if self.config.spec.parallel_drafting and self.drafter is not None:
-                first = self.kv_cache.first_step(row)
-                lookahead = lookahead_slots(self.drafter.k, first, self.fixes)
-            self.kv_cache.ensure_blocks(
-                row, q.num_computed_tokens + len(q.token_ids), q.token_ids, lookahead
-            )
+            self.kv_cache.ensure_blocks(row, q.num_computed_tokens + len(q.token_ids), q.token_ids)
         self._zero_new_blocks()
         if self.config.cache.hybrid:
             self._update_states(requests)
@@ -479,6 +479,15 @@ class ModelRunner:
         if self.drafter is not None:
             out = replace(out, drafts=self.drafter.propose(requests, out.logits))
         return self._read_prompt_logprobs(out)
+
+    def _set_lookahead(self, requests: list[Request]) -> None:
+        """Each row's slots past its tokens for a drafter that writes KV there in this step
+        (upstream: the scheduler's num_lookahead_tokens), before the step allocates."""
+        kv = self.kv_cache
+        kv.lookahead = {
+            row: lookahead_slots(self.drafter.k, kv.first_step(row), self.fixes)
+            for row, q in enumerate(requests)
+        }
 
     def _coordinate_dp(self, num_tokens: int) -> None:
         """Agree with the other DP ranks on each one's token count (an all-reduce of one

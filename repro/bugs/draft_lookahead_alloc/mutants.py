@@ -9,7 +9,8 @@ from harness.record import Mutant
 BONUS, PREFILL = Fix.DRAFT_LOOKAHEAD_BONUS_SLOT, Fix.DRAFT_LOOKAHEAD_ON_PREFILL
 LOOKAHEAD, KV_CACHE = "harness/runner/lookahead.py", "harness/runner/kv_cache.py"
 RUNNER = "harness/runner/model_runner.py"
-CALL = "lookahead = lookahead_slots(self.drafter.k, first, self.fixes)"
+CALL = "lookahead_slots(self.drafter.k, kv.first_step(row), self.fixes)"
+ROWS = "            for row, q in enumerate(requests)\n        }"
 
 MUTANTS = (
     Mutant(
@@ -53,8 +54,8 @@ MUTANTS = (
         BONUS,
         "boundary",
         KV_CACHE,
-        "slots = min(seq_len + lookahead, self.max_model_len)",
-        "slots = min(seq_len + lookahead - 1, self.max_model_len)",
+        "slots = min(seq_len + self.lookahead.get(row, 0), self.max_model_len)",
+        "slots = min(seq_len + self.lookahead.get(row, 0) - 1, self.max_model_len)",
         "the last lookahead position left out of the allocation",
     ),
     Mutant(
@@ -80,8 +81,8 @@ MUTANTS = (
         PREFILL,
         "partial",
         RUNNER,
-        "if self.config.spec.parallel_drafting and self.drafter is not None:",
-        "if self.config.spec.parallel_drafting and row in self.kv_cache.running:",
+        ROWS,
+        ROWS.replace("(requests)", "(requests)\n            if not kv.first_step(row)"),
         "lookahead only for a request that ran a step before: never on its first",
     ),
     Mutant(
@@ -89,8 +90,8 @@ MUTANTS = (
         PREFILL,
         "partial",
         RUNNER,
-        CALL,
-        CALL + " if len(q.token_ids) == 1 else 0",
+        ROWS,
+        ROWS.replace("(requests)", "(requests)\n            if len(q.token_ids) == 1"),
         "lookahead only for decode steps (one token): a prefill, however short, gets none",
     ),
     Mutant(
@@ -98,8 +99,8 @@ MUTANTS = (
         PREFILL,
         "wrong_row",
         RUNNER,
-        CALL,
-        CALL + " if q.num_computed_tokens else 0",
+        ROWS,
+        ROWS.replace("(requests)", "(requests)\n            if q.num_computed_tokens"),
         "a request that starts at position 0 gets none; one with a prefix hit keeps it",
     ),
     Mutant(
@@ -107,7 +108,7 @@ MUTANTS = (
         PREFILL,
         "unused_state",
         KV_CACHE,
-        "slots = min(seq_len + lookahead, self.max_model_len)",
+        "slots = min(seq_len + self.lookahead.get(row, 0), self.max_model_len)",
         "slots = min(seq_len, self.max_model_len)",
         "the lookahead counted and passed, never allocated",
     ),
