@@ -45,8 +45,9 @@ FIDELITY = Fidelity(
         "constant, its drafts the LM head over the sum of every written position's values "
         "(DFlash's bidirectional block attention reduced to a sum); its KV layer is its own "
         "cache in group 0's blocks. Upstream's symptom is the victims' draft quality (lossless "
-        "verification); here the victims' draft logits and drafts are compared with the "
-        "drafter's on their own tokens: wrong_result. The runner's prefix cache has no "
+        "verification); here the victims' draft logits (the drafter's scores) are compared "
+        "with the drafter's on their own tokens: wrong_result (a draft token itself changes "
+        "only where the corruption moves an argmax). The runner's prefix cache has no "
         "reference counts: the victim holds the cached blocks it hit"
     ),
 )
@@ -128,6 +129,7 @@ RECORD = BugRecord(
         "(multi-layer MTP's prefill lookahead), issue #47930 (DFlash acceptance collapse "
         "under prefix caching, open), #54163 and #50897 (the EAGLE last-block drop). "
         "Modelled: harness/runner/lookahead.py (the drafter's own KV layer, the scheduler's "
-        "lookahead count) and KVCache.ensure_blocks' lookahead and first_step."
+        "lookahead count), KVCache.lookahead (the step's slots per row, allocated by "
+        "ensure_blocks) and KVCache.first_step."
     ),
 )
