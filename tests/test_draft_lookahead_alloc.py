@@ -104,8 +104,9 @@ def test_a_new_requests_query_block_stays_in_its_blocks(device, fixes) -> None:
     assert same == (fixes == ALL_FIXES), "X's block was overwritten" if not same else "untouched"
 
 
-@pytest.mark.parametrize("fixes", [*VARIANTS, ALL_FIXES - {BONUS, PREFILL}], ids=[*IDS, "buggy"])
+@pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {BONUS, PREFILL}], ids=["fixed", "buggy"])
 def test_another_requests_drafts_stay_its_own(device, fixes) -> None:
+    """The scenario in this process (each part alone: tests/test_regressions.py)."""
     ctx = Context(fixes, device)
     if fixes == ALL_FIXES:
         assert "as the reference" in lookahead_past_allocation(ctx)
