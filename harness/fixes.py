@@ -110,7 +110,7 @@ class Fix(enum.Enum):
     # round ("flag color") is a counter in device memory the kernel advances at each call, not
     # a host scalar a CUDA graph freezes at capture
     ALLREDUCE_DEVICE_ROUND = "allreduce_device_round"
-    # vLLM #22896, #22963 (grammar_bitmask_fill; vllm-gaudi #1199, #1200): the worker's
+    # vLLM #22963, #22896 (grammar_bitmask_fill; vllm-gaudi #1199, #1200): the worker's
     # batch-sized grammar bitmask starts neutral (every token allowed) in the rows no guided
     # request fills, and only the guided requests' rows are scattered into it
     GRAMMAR_NEUTRAL_FILL = "grammar_neutral_fill"

@@ -8,12 +8,13 @@ the runner's rows), with the guided request ids in that order (`GrammarOutput`).
 writes each row into the batch-sized mask at its request's row, and the apply kernel
 (kernels/grammar_bitmask.py) masks every logits row by its mask row, as xgrammar does when the
 mask is aligned with the logits (no indices). So a row that no guided request fills must be the
-neutral row (every bit set): fix part `grammar_neutral_fill` (vLLM #22896; vllm-gaudi #1199,
-#1200: the reordered mask was created full of zeros, forbidding every token of a free
-request). And only the guided requests' rows are written: fix part `grammar_guided_row_count`
-(vLLM #22963: the count of rows was taken from the batch-sized mask's length, not from the
-guided requests' indices), else the scatter runs on past the scheduler's rows into the staging
-buffers' stale entries (another step's rows, another step's row indices).
+neutral row (every bit set): fix part `grammar_neutral_fill` (vllm-gaudi #1199, #1200: the
+reordered mask was created full of zeros, forbidding every token of a free request; upstream's
+own fix, vLLM #22896, was not found to read). And only the guided requests' rows are
+written: fix part `grammar_guided_row_count` (vLLM #22963: the count of rows was taken from
+the batch-sized mask's length, not from the guided requests' indices), else the scatter runs
+on past the scheduler's rows into the staging buffers' stale entries (another step's rows,
+another step's row indices).
 
 NOTE: the worker's staging buffers (the scheduler's rows and their batch rows) and the mask are
 persistent, written in place each step, as a runner that captures graphs keeps its inputs.
