@@ -125,6 +125,16 @@ class Fix(enum.Enum):
     # offload connector's GPU-to-CPU stores wait for a compute-done event recorded after the
     # step's KV writes, not only for the scheduler's word that the tokens are computed
     OFFLOAD_STORE_WAIT_COMPUTE = "offload_store_wait_compute"
+    # vLLM #22963, #22896 (grammar_bitmask_fill; vllm-gaudi #1199, #1200): the worker's
+    # batch-sized grammar bitmask starts neutral (every token allowed) in the rows no guided
+    # request fills, and only the guided requests' rows are scattered into it
+    GRAMMAR_NEUTRAL_FILL = "grammar_neutral_fill"
+    GRAMMAR_GUIDED_ROW_COUNT = "grammar_guided_row_count"
+    # vLLM #42971, #43733 (draft_lookahead_alloc): a drafter that writes KV past the sequence in
+    # the target's step gets its k + 1 lookahead slots (the bonus token's too) allocated, on a
+    # request's first (prefill) step as on every later one
+    DRAFT_LOOKAHEAD_BONUS_SLOT = "draft_lookahead_bonus_slot"
+    DRAFT_LOOKAHEAD_ON_PREFILL = "draft_lookahead_on_prefill"
 
 
 Variant = frozenset[Fix]

@@ -155,6 +155,20 @@ STATES = (
     "one block stored",
     "several blocks stored",
     "prefix hit in the CPU tier",
+    # structured outputs (structured_output.py): guided requests (a grammar's bitmask) and free
+    # ones in one batch, a guided request in a row after a free one, every row guided, and the
+    # scheduler's guided requests in an order unlike the batch's rows
+    "guided and free rows in one batch",
+    "guided rows after free rows",
+    "every row guided",
+    "the scheduler's order unlike the batch's",
+    # a drafter's lookahead slots (lookahead.py): a request's sequence ending at a block
+    # boundary and just before one, a new request with a prefix hit, and a running request
+    # whose blocks came from the prefix cache (a shared prefix)
+    "sequence ends at a block boundary",
+    "sequence ends just before a block boundary",
+    "new request with a prefix hit",
+    "running request on prefix-cache blocks",
 )
 
 

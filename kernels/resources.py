@@ -290,6 +290,13 @@ def _causal_conv1d(num_seqs: int, dim: int, num_slots: int, own_block: bool = Tr
     causal_conv1d(x, _empty(dim, WIDTH), states, _i32(num_seqs + 1), seqs, seqs, x, own_block)
 
 
+def _grammar_bitmask(rows: int, vocab: int, dtype: torch.dtype = torch.float32) -> None:
+    """A structured-output grammar's packed bitmask applied to the logits."""
+    from kernels.grammar_bitmask import apply_token_bitmask, words_per_row
+
+    apply_token_bitmask(_empty(rows, vocab, dtype=dtype), _i32(rows, words_per_row(vocab)))
+
+
 # (label, launcher calls): the largest sizes of each domain and each path's boundaries
 SHAPES: list[tuple[str, Callable[[], None]]] = [
     ("align small path, 1020 pairs, 64 experts, 32 loras", lambda: _align(170, 6, 64, 32)),
@@ -357,6 +364,12 @@ SHAPES: list[tuple[str, Callable[[], None]]] = [
     (
         "custom all-reduce, 8 ranks, 4096 elements, host round",
         lambda: _custom_allreduce(8, 4096, device_round=False),
+    ),
+    # the grammar bitmask over a Llama-3 vocabulary (a last word partly past it), bf16 logits
+    ("grammar bitmask, 256 rows, vocab 128256", lambda: _grammar_bitmask(256, 128256)),
+    (
+        "grammar bitmask, 8 rows, vocab 151669, bf16",
+        lambda: _grammar_bitmask(8, 151669, torch.bfloat16),
     ),
 ]
 

@@ -18,7 +18,9 @@ from repro.bugs import (
     conv_state_short_chunk,
     dp_drafter_boundary_hang,
     dp_zero_token_skip,
+    draft_lookahead_alloc,
     ep_graph_bucket_local,
+    grammar_bitmask_fill,
     graph_output_alias,
     input_batch_swap_alias,
     kernel_block_size,
@@ -88,6 +90,9 @@ BUGS: tuple[BugRecord, ...] = (
     # weights reloaded under captured graphs, KV blocks offloaded to a CPU tier (issue 44)
     reload_derived_rebind.RECORD,
     offload_store_race.RECORD,
+    # structured outputs and lookahead slots (issue 44), in upstream fix order
+    grammar_bitmask_fill.RECORD,
+    draft_lookahead_alloc.RECORD,
 )
 
 

@@ -331,6 +331,31 @@ REQUIRED_AXES = {
             "two steps in flight",
         },
     },
+    # structured outputs (issue 44): guided and free rows mixed, guided after free, every row
+    # guided, the scheduler's order unlike the batch's
+    "grammar_bitmask_fill": {
+        "graph_modes": {"NONE"},
+        "states": {
+            "guided and free rows in one batch",
+            "guided rows after free rows",
+            "every row guided",
+            "the scheduler's order unlike the batch's",
+        },
+    },
+    # a drafter's lookahead slots (issue 44): sequences ending at and before a block boundary,
+    # one and several drafts, a new request with a prefix hit and one without, its victim on
+    # shared prefix blocks, the target eager and replayed
+    "draft_lookahead_alloc": {
+        "graph_modes": {"NONE", "FULL"},
+        "states": {
+            "one draft",
+            "several drafts",
+            "sequence ends at a block boundary",
+            "sequence ends just before a block boundary",
+            "new request with a prefix hit",
+            "running request on prefix-cache blocks",
+        },
+    },
 }
 
 

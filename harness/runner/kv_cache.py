@@ -111,6 +111,9 @@ class KVCache:
         self.cached: list[dict[int, int]] = [{} for _ in self.block_sizes]  # hash -> block
         self.block_hash: list[dict[int, int]] = [{} for _ in self.block_sizes]  # block -> hash
         self.new_block_ids: list[list[int]] = [[] for _ in self.block_sizes]
+        self.running: set[int] = set()  # rows whose request has run a step since it was given
+        # row -> the slots past its tokens a drafter writes in the step (the scheduler's count)
+        self.lookahead: dict[int, int] = {}
 
     def free(self, row: int) -> None:
         """Request row `row` finished: its blocks queue up at the free lists' tails, each
@@ -121,6 +124,12 @@ class KVCache:
         if row in self.state_blocks:
             self.free_lists[0][:0] = [self.state_blocks.pop(row)]
         self.tokens.pop(row, None)
+        self.running.discard(row)
+
+    def first_step(self, row: int) -> bool:
+        """Whether the request in row `row` has run no step yet (upstream: scheduled from the
+        waiting queue, its num_computed_tokens still 0, prefix hit or not)."""
+        return row not in self.running
 
     def _null(self, block: int) -> bool:
         return bool(self.sliding_window) and block == NULL_BLOCK
@@ -143,6 +152,8 @@ class KVCache:
         for table in (self.blocks, self.state_blocks, self.tokens):
             held = {row: table.pop(row) for row in (i, j) if row in table}
             table.update({j if row == i else i: value for row, value in held.items()})
+        ran = {j if row == i else i for row in (i, j) if row in self.running}
+        self.running = (self.running - {i, j}) | ran
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while a request holds blocks, as
@@ -201,17 +212,20 @@ class KVCache:
 
     def ensure_blocks(self, row: int, seq_len: int, token_ids: Sequence[int] = ()) -> None:
         """Enough blocks in every group for `seq_len` tokens of request row `row`, whose step
-        schedules `token_ids` (the last ones); a hybrid runner's new request gets a state block
+        schedules `token_ids` (the last ones), and its `lookahead` slots past them (a
+        drafter's, within max_model_len); a hybrid runner's new request gets a state block
         first. With prefix caching the row's full blocks are cached."""
         if seq_len > self.max_model_len:
             raise ValueError(
                 f"sequence of {seq_len} tokens over max_model_len {self.max_model_len}"
             )
         owned = self.blocks.setdefault(row, [[] for _ in self.block_sizes])
+        self.running.add(row)
         if self.hybrid and row not in self.state_blocks:
             self.state_blocks[row] = self._take(0)
+        slots = min(seq_len + self.lookahead.get(row, 0), self.max_model_len)
         for g, size in enumerate(self.block_sizes):
-            while len(owned[g]) < triton.cdiv(seq_len, size):
+            while len(owned[g]) < triton.cdiv(slots, size):
                 owned[g].append(self._take(g))
                 self.new_block_ids[g].append(owned[g][-1])
         if self.prefix_caching:

@@ -17,7 +17,11 @@ ranks on each rank's token count (upstream: coordinate_batch_across_dp); the fix
 decoding (execute_spec_step) draws its acceptance uniforms from the runner's sampling generator,
 whose seed holds the fix part of vLLM #17929 (an unset seed is 0 on every tensor-parallel rank).
 A drafter (drafter.py) agrees on each draft step's batch too; vLLM #40589's fix part keeps a
-rank whose batch cannot take its drafts near max_model_len in those agreements.
+rank whose batch cannot take its drafts near max_model_len in those agreements. A parallel
+drafter (lookahead.py) writes KV past each sequence in the step: the step first sets each
+row's lookahead slots (`_set_lookahead`, vLLM #42971's and #43733's fix parts). A step given
+the scheduler's grammar bitmask masks the guided requests' logits (structured_output.py, vLLM
+#22896's and #22963's fix parts).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from harness.runner.input_batch import (
 )
 from harness.runner.kv_cache import AttentionMetadata, KVCache
 from harness.runner.kv_offload import CPUOffloadConnector
+from harness.runner.lookahead import LookaheadDrafter, lookahead_slots
 from harness.runner.lora import (
     LoRAManager,
     LoRAMapping,
@@ -64,6 +69,7 @@ from harness.runner.parallel import Collectives, ParallelConfig
 from harness.runner.rejection_sampler import SpecStep, rejection_sample
 from harness.runner.sleep_mode import TaggedPools, make_pools
 from harness.runner.speculator import DraftPrefill
+from harness.runner.structured_output import GrammarOutput, StructuredOutputsWorker
 from kernels.paged_attention import reshape_and_cache, zero_kv_blocks
 
 FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
@@ -135,6 +141,9 @@ class SpecConfig:
     rejection_sampling: bool = False
     # a drafter's tokens per request after each step (drafter.py; 0: none)
     num_speculative_tokens: int = 0
+    # the drafter writes its own KV at the step's tokens and k + 1 positions past them in the
+    # target's step (lookahead.py: DFlash-like parallel drafting), in lookahead slots
+    parallel_drafting: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +247,9 @@ class ModelRunner:
         self.launch = Launcher()
         self.input_buffers = InputBuffers(c.max_num_tokens, c.max_num_reqs, self.device)
         self.sampling = SamplingStates(c.max_num_reqs, m.vocab_size, self.fixes)
+        self.structured_outputs = StructuredOutputsWorker(
+            c.max_num_reqs, m.vocab_size, c.device, self.fixes
+        )
         self.async_sampler = None
         if c.scheduler.async_output:
             self.sampling, self.async_sampler = async_sampling(c, m.vocab_size)
@@ -298,6 +310,15 @@ class ModelRunner:
             if c.spec.num_speculative_tokens
             else None
         )
+        if self.drafter is not None and c.spec.parallel_drafting:
+            self.drafter = LookaheadDrafter(
+                self.model,
+                self.kv_cache,
+                c.spec.num_speculative_tokens,
+                c.max_model_len,
+                self.pools,
+                self.launch,
+            )
         self.lora_manager = LoRAManager(
             LoRAModelManager(m.max_loras, m.vocab_size, self._punica_wrappers(), self.fixes)
         )
@@ -422,9 +443,11 @@ class ModelRunner:
         num_reqs: int = 1,
         use_cudagraph: bool = True,
         prev_sampled: PrevSampled | None = None,
+        grammar: GrammarOutput | None = None,
     ) -> ModelOutput:
         """A real step (graph replay when one fits), or a dummy run (eager, no KV writes);
-        `prev_sampled` fills a scheduler's placeholders on the device (async_inputs.py)."""
+        `prev_sampled` fills a scheduler's placeholders on the device (async_inputs.py);
+        `grammar` masks the guided requests' logits (structured_output.py)."""
         if self.offload is not None:
             self.offload.start_step()
         if dummy_run:
@@ -458,6 +481,8 @@ class ModelRunner:
         )
         if prev_sampled is not None:
             prev_sampled.fill(batch)
+        if self.config.spec.parallel_drafting and self.drafter is not None:
+            self._set_lookahead(requests)
         for row, q in enumerate(requests):
             self.kv_cache.ensure_blocks(row, q.num_computed_tokens + len(q.token_ids), q.token_ids)
         self._zero_new_blocks()
@@ -479,9 +504,20 @@ class ModelRunner:
         out = step() if self.offload is None else self.offload.execute(step, requests)
         logits = self.sampling.apply(out.logits) if restricted else out.logits
         out = replace(out, logits=logits, req_ids=tuple(q.req_id for q in requests))
+        if grammar is not None:  # the scheduler's bitmask of the guided requests
+            self.structured_outputs.apply(grammar, out.req_ids, out.logits, self.launch)
         if self.drafter is not None:
             out = replace(out, drafts=self.drafter.propose(requests, out.logits))
         return self._read_prompt_logprobs(out)
+
+    def _set_lookahead(self, requests: list[Request]) -> None:
+        """Each row's slots past its tokens for a drafter that writes KV there in this step
+        (upstream: the scheduler's num_lookahead_tokens), before the step allocates."""
+        kv = self.kv_cache
+        kv.lookahead = {
+            row: lookahead_slots(self.drafter.k, kv.first_step(row), self.fixes)
+            for row, q in enumerate(requests)
+        }
 
     def _coordinate_dp(self, num_tokens: int) -> None:
         """Agree with the other DP ranks on each one's token count (an all-reduce of one

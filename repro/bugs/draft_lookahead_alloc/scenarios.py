@@ -1,0 +1,131 @@
+"""Scenarios of draft_lookahead_alloc (vLLM #42971, #43733): each function's docstring is its bug
+report.
+
+The record (fix parts, expected outcomes) is in the package; see its docstring.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.oracle import close, expect_all
+from harness.record import Context
+from harness.reference import recomputed_logits
+from harness.runner.cudagraph import CUDAGraphMode
+from harness.runner.input_batch import Request
+from harness.runner.lookahead import mask_values
+from harness.runner.model_runner import ModelRunner, runner_config
+
+SIZE = 4  # tokens per block, both groups
+SHARED = (5, 9, 13, 2, 7, 11, 4, 6, 1, 8, 3, 10)  # X's prompt: three full blocks, cached
+OTHER = (12, 14, 15, 16)  # Y's prompt: one full block, cached
+# (label, num_speculative_tokens, graph mode, B's prompt: no prefix hit, or Y's block first)
+EPISODES = (
+    ("one draft, B's prompt 3 tokens, FULL graphs", 1, CUDAGraphMode.FULL, (21, 22, 23)),
+    (
+        "two drafts, B's prompt 8 tokens after a prefix hit, eager",
+        2,
+        CUDAGraphMode.NONE,
+        (*OTHER, 24, 25, 26, 27),
+    ),
+)
+STEPS = 3  # D's and B's first step, then two decode steps
+
+
+def lookahead_past_allocation(ctx: Context) -> str:
+    """A drafter that writes its KV in the target's step, past the sequence: after each step
+    every request's drafter pass writes its own KV layer (group 0's blocks) at the step's
+    tokens and at k + 1 positions past them (the bonus token and k mask tokens: DFlash's query
+    block), then drafts from the sum of every position's values; each slot comes from the
+    request's row of the block table. Prefix caching, blocks of 4 tokens. Request X (row 1,
+    12 tokens) and Y (row 2, 4 tokens) run a step and finish: their full blocks stay cached,
+    row 1's table still names X's blocks. Then one batch: D (row 0) whose prompt extends X's
+    (a prefix hit on X's three blocks: D holds them now) and B (row 1, X's old row), then two
+    decode steps. Two episodes: one draft with B's prompt 3 tokens (just before a block
+    boundary; no prefix hit), FULL graphs for the target; two drafts with B's prompt 8 tokens
+    (at a boundary) of which Y's cached block is a hit, eager. Each step: the target's logits vs
+    the float64 reference, and each request's draft logits vs the drafter's on its own tokens.
+
+    Fixed: each step allocates k + 1 lookahead slots past the step's tokens, the first step's
+    too: every position the drafter writes is in a block of its own request; D's drafts read
+    X's cached blocks as X's drafter wrote them.
+    Buggy (either part off): without `draft_lookahead_on_prefill` B's first step gets no
+    lookahead: its query block past its last block goes through row 1's stale entries into
+    X's blocks, now D's (a shared prefix): D's next drafts read B's mask tokens (upstream: the
+    drafts' acceptance degrades, #42971's falling mean generated length). Without
+    `draft_lookahead_bonus_slot` only k slots: when the sequence plus k ends at a block
+    boundary (3 + 1), the query block's last position is past the allocation: the same.
+    No error: the writes stay in the pool (stale ids are real blocks): the same on both
+    devices. The target's own KV is untouched (the drafter's layer is its own).
+    """
+    problems: list[str | None] = []
+    for label, k, mode, prompt in EPISODES:
+        problems += _episode(ctx, label, k, mode, prompt)
+    expect_all(problems)
+    return "; ".join(e[0] for e in EPISODES) + ": every step's drafts as the reference"
+
+
+def _episode(ctx: Context, label: str, k: int, mode, prompt) -> list[str | None]:
+    runner = ModelRunner(
+        runner_config(
+            ctx.device,
+            ctx.fixes,
+            dtype=ctx.dtype,
+            enable_lora=False,
+            cudagraph_mode=mode,
+            cudagraph_sizes=(8,),
+            block_sizes=(SIZE, SIZE),
+            num_kv_blocks=32,
+            enable_prefix_caching=True,
+            max_num_reqs=4,
+            max_num_tokens=24,
+            max_model_len=24,
+            num_speculative_tokens=k,
+            parallel_drafting=True,
+        )
+    )
+    if mode != CUDAGraphMode.NONE:
+        runner.capture_model()
+    kv, problems = runner.kv_cache, []
+    # X and Y: a step each, then finished: their full blocks stay in the prefix cache
+    runner.execute_model([Request("W", (19,)), Request("X", SHARED), Request("Y", OTHER)])
+    held_by_x = list(kv.blocks[1][0])
+    for row in (0, 1, 2):
+        kv.free(row)
+    # D (row 0) extends X's prompt: a hit on X's three blocks; B (row 1: X's old row)
+    seqs = [[*SHARED, 17, 18], list(prompt)]
+    starts = [kv.get_computed_blocks(row, seq) for row, seq in enumerate(seqs)]
+    assert kv.blocks[0][0] == held_by_x[:3], f"trigger not reached ({label}): D's hit"
+    row_one = kv.block_tables.block_tables[0][1, :3].tolist()
+    assert row_one == held_by_x[:3], f"trigger not reached ({label}): row 1 names {row_one}"
+    for step in range(STEPS):
+        requests = [
+            Request(f"r{row}", tuple(seq[start:]), 0, start)
+            for row, (seq, start) in enumerate(zip(seqs, starts, strict=True))
+        ]
+        out = runner.execute_model(requests)
+        want = recomputed_logits(runner, seqs)
+        where = f"{label}, step {step}"
+        problems.append(close(f"{where}: target logits vs reference", out.logits, want))
+        bonus = want.argmax(-1).tolist()
+        for row, seq in enumerate(seqs):
+            problems.append(
+                close(
+                    f"{where}: request {'DB'[row]}'s draft logits vs reference",
+                    runner.drafter.draft_logits[row],
+                    draft_reference(runner, seq, bonus[row], k),
+                )
+            )
+        starts = [len(seq) for seq in seqs]
+        for row, token in enumerate(bonus):
+            seqs[row].append(token)
+    return problems
+
+
+def draft_reference(runner: ModelRunner, seq: list[int], bonus: int, k: int) -> torch.Tensor:
+    """[k, vocab] float64: the drafter's scores over `seq`, its bonus token and k mask tokens."""
+    embed = runner.model.embed.detach().double().cpu()
+    head = runner.model.head.detach().double().cpu()
+    masks = mask_values(k, embed.shape[1])
+    values = torch.cat([embed[list(seq)], embed[bonus : bonus + 1], masks])
+    return (values.sum(0) + masks) @ head.T
