@@ -175,6 +175,7 @@ class Chunk:
     req: str
     start: int
     end: int
+    slot: int  # where the chunk wrote its final state
 
 
 class MambaAlignEngine:
@@ -220,7 +221,7 @@ class MambaAlignEngine:
                 src, dst = states.initial(req, start), states.final(req, end)
                 logits = self.mixer.forward(tokens[start:end], src, dst)
                 computed[req], left = end, left - n
-                step.append(Chunk(req, start, end))
+                step.append(Chunk(req, start, end, dst))
                 if end == len(tokens):
                     done[req] = (hits[req], logits)
             if not step:

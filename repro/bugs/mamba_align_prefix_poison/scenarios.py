@@ -9,7 +9,7 @@ from __future__ import annotations
 from harness.oracle import close, expect_all
 from harness.record import Context
 from harness.reference import mixer_reference
-from harness.runner.mamba_align import MambaAlignEngine
+from harness.runner.mamba_align import MambaAlignEngine, aligned_split
 
 BLOCK, BUDGET = 8, 16  # every prompt fits one step's budget: a prefill alone is never split
 FIRST = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # 10 tokens: scheduled first, it leaves 6 of the budget
@@ -32,6 +32,38 @@ def _mid_block_ends(what: str, engine: MambaAlignEngine, prompts: dict) -> list[
         for c in step
         if c.req in prompts and c.end % BLOCK and c.end < len(prompts[c.req])
     ]
+
+
+def _split_grid(fixes) -> tuple[int, list[str]]:
+    """The split itself (the code under test, as upstream's test_mamba_align_chunk_split.py
+    checks it) over every start of every prompt of 1 to 3 blocks + 1 tokens, mid-block starts
+    included (upstream: a prefix hit finer than a block; the engine here never starts a chunk
+    mid-block), every budget up to the prompt's end, EAGLE on and off. The invariants a cached
+    state needs, not the fixed code: a chunk that is not its prompt's last ends on a block
+    boundary (the position its entry is hashed at); a chunk resuming mid-block ends at or
+    before its block's end (else that entry keeps the state at its start); a request is
+    scheduled when its budget is a whole block or reaches its prompt's end (progress); and never
+    more than its budget. Returns the number of splits and the first violations of each."""
+    found: dict[str, list[str]] = {}
+    count = 0
+    for eagle in (True, False):
+        for n in range(1, 3 * BLOCK + 2):
+            for start in range(n):
+                for budget in range(1, n - start + 1):
+                    count += 1
+                    got = aligned_split(start, budget, n, BLOCK, eagle, fixes)
+                    end, block_end = start + got, (start // BLOCK + 1) * BLOCK
+                    case = f"aligned_split(start {start}, budget {budget}, prompt {n}, eagle {eagle})"
+                    rules = (
+                        ("more than the budget", not 0 <= got <= budget),
+                        ("a non-final chunk ends mid-block", got and end < n and end % BLOCK),
+                        ("a mid-block resume crosses its block's end", start % BLOCK and end > block_end),
+                        ("no progress", not got and (budget >= BLOCK or start + budget == n)),
+                    )
+                    for rule, broken in rules:
+                        if broken:
+                            found.setdefault(rule, []).append(f"{case} = {got}: {rule}")
+    return count, [line for lines in found.values() for line in lines[:3]]
 
 
 def shared_budget_resume(ctx: Context) -> str:
@@ -71,5 +103,9 @@ def shared_budget_resume(ctx: Context) -> str:
             close(f"{what}: consumer (hit {hit} tokens) logits vs reference", logits, ref)
         )
         problems += _mid_block_ends(what, engine, {**first, "producer": producer})
-    expect_all(problems)
-    return f"{len(CASES)} cases: every request's logits as the reference (consumer hits {hits})"
+    splits, broken = _split_grid(ctx.fixes)
+    expect_all(problems + broken)
+    return (
+        f"{len(CASES)} cases: every request's logits as the reference (consumer hits {hits}); "
+        f"{splits} splits keep the invariants"
+    )
