@@ -83,6 +83,7 @@ RECORD = BugRecord(
                     "prefill from a fresh state",
                     "a second sequence reusing the prefix",
                     "prefix hit on a cached Mamba state",
+                    "the own slot's conv state after the step",
                 ),
             ),
             signature="second consumer \\(hit 8\\) logits vs reference: \\d+/\\d+ differ",

@@ -48,13 +48,16 @@ def short_chunk_after_prefix_hit(ctx: Context) -> str:
     of its own (or the producer's own last chunk is 2 tokens after the block it cached); then a
     second consumer sharing the same block resumes there too. Then fresh prompts of 1, 2 and 3
     tokens (no initial state). Every request's last logits must match a reference that runs its
-    whole prompt from a zero state.
+    whole prompt from a zero state, and after each prefill every slot one of its chunks wrote
+    last (the request's own, which a later step, a decode or a next chunk, would read; this
+    engine models no decode) must hold the float64 reference conv state at that chunk's end.
 
     Fixed: every chunk stores its conv state in its own slot; the cached block keeps the state
     at token 8. Buggy: a chunk shorter than 3 tokens stores its shifted conv state through the
     slot it read, the cached block: the second consumer resumes from the first's conv state
-    (its logits differ; wrong result, both devices); chunks of 3 or 4, and fresh starts (read
-    and written slot the same), pass."""
+    (its logits differ; wrong result, both devices), and the short chunk's own slot keeps what
+    it held (NaN poison, or a freed slot's earlier state); chunks of 3 or 4, and fresh starts
+    (read and written slot the same), pass."""
     problems, hits = [], []
     for label, length, tail in CASES:
         engine = MambaAlignEngine(ctx.device, ctx.fixes, block=BLOCK, budget=BUDGET, eagle=False)

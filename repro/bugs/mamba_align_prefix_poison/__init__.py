@@ -88,6 +88,7 @@ RECORD = BugRecord(
                     "EAGLE back-off of the last cache position",
                     "no EAGLE back-off",
                     "prefix hit on a cached Mamba state",
+                    "a chunk resuming mid-block",
                 ),
             ),
             signature="consumer \\(hit 8 tokens\\) logits vs reference: \\d+/\\d+ differ",

@@ -45,25 +45,27 @@ def _split_grid(fixes) -> tuple[int, list[str]]:
     scheduled when its budget is a whole block or reaches its prompt's end (progress); and never
     more than its budget. Returns the number of splits and the first violations of each."""
     found: dict[str, list[str]] = {}
-    count = 0
-    for eagle in (True, False):
-        for n in range(1, 3 * BLOCK + 2):
-            for start in range(n):
-                for budget in range(1, n - start + 1):
-                    count += 1
-                    got = aligned_split(start, budget, n, BLOCK, eagle, fixes)
-                    end, block_end = start + got, (start // BLOCK + 1) * BLOCK
-                    case = f"aligned_split(start {start}, budget {budget}, prompt {n}, eagle {eagle})"
-                    rules = (
-                        ("more than the budget", not 0 <= got <= budget),
-                        ("a non-final chunk ends mid-block", got and end < n and end % BLOCK),
-                        ("a mid-block resume crosses its block's end", start % BLOCK and end > block_end),
-                        ("no progress", not got and (budget >= BLOCK or start + budget == n)),
-                    )
-                    for rule, broken in rules:
-                        if broken:
-                            found.setdefault(rule, []).append(f"{case} = {got}: {rule}")
-    return count, [line for lines in found.values() for line in lines[:3]]
+    grid = [
+        (eagle, n, start, budget)
+        for eagle in (True, False)
+        for n in range(1, 3 * BLOCK + 2)
+        for start in range(n)
+        for budget in range(1, n - start + 1)
+    ]
+    for eagle, n, start, budget in grid:
+        got = aligned_split(start, budget, n, BLOCK, eagle, fixes)
+        end, block_end = start + got, (start // BLOCK + 1) * BLOCK
+        rules = (
+            ("more than the budget", not 0 <= got <= budget),
+            ("a non-final chunk ends mid-block", got and end < n and end % BLOCK),
+            ("a mid-block resume crosses its block's end", start % BLOCK and end > block_end),
+            ("no progress", not got and (budget >= BLOCK or start + budget == n)),
+        )
+        case = f"aligned_split(start {start}, budget {budget}, prompt {n}, eagle {eagle})"
+        for rule, broken in rules:
+            if broken:
+                found.setdefault(rule, []).append(f"{case} = {got}: {rule}")
+    return len(grid), [line for lines in found.values() for line in lines[:3]]
 
 
 def shared_budget_resume(ctx: Context) -> str:
@@ -75,7 +77,14 @@ def shared_budget_resume(ctx: Context) -> str:
     tokens with the EAGLE back-off of the last cache position (under two blocks it is 0), one
     prefill alone, and two prefills without the back-off. Every request's last logits must
     match a reference that runs its whole prompt from a zero state, and every chunk but a
-    prompt's last must end on a block boundary (upstream's invariant).
+    prompt's last must end on a block boundary (upstream's invariant). Then the split itself,
+    as upstream's test of #51113 checks it, over every start (mid-block ones too: upstream a
+    prefix hit finer than a block; this engine never resumes mid-block) of every prompt of 1 to
+    25 tokens, every budget up to the prompt's end, EAGLE on and off: a chunk that is not its
+    prompt's last ends on a block boundary; a chunk resuming mid-block ends at or before its
+    block's end (else its entry keeps the state at its start, hashed as the boundary's); a
+    budget of a whole block or one reaching the prompt's end schedules something; never more
+    than the budget.
 
     Fixed: a chunk past the last cache position still ends on a block boundary or at the
     prompt's end: the producer's 6-token share is deferred, its prompt runs in one chunk and
@@ -84,7 +93,8 @@ def shared_budget_resume(ctx: Context) -> str:
     back-off and two prefills, the producer's first chunk ends mid-block (tokens 0-6, or 0-4),
     the next crosses token 8 and the entry holding the state at token 6 is hashed as the state
     at 8; the consumer resumes from it: its logits differ, and the producer's first chunk ends
-    mid-block (wrong result, both devices)."""
+    mid-block; on the grid, chunks past the last cache position end mid-block, with the back-off
+    or without it (wrong result, both devices)."""
     problems, hits = [], []
     for label, eagle, length, shared in CASES:
         engine = MambaAlignEngine(ctx.device, ctx.fixes, block=BLOCK, budget=BUDGET, eagle=eagle)
