@@ -15,6 +15,9 @@ BLOCK, BUDGET = 8, 16  # every prompt fits one step's budget: a prefill alone is
 FIRST = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # 10 tokens: scheduled first, it leaves 6 of the budget
 PROMPT = [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9, 0, 4, 5]  # the producer's, cut to each length
 TAIL = [11, 12, 13]  # the consumer: the producer's first block, then tokens of its own
+LONG = [*PROMPT, 3, 9, 7, 1, 0, 6, 2, 5, 8, 4, 1, 7, 3, 6]  # 30 tokens: a session's turns
+TURN = 11  # the session's first turn ends mid-block: its next turn resumes at token 11
+RESUMES = (("no EAGLE, a next turn to 30 tokens", False, 30), ("EAGLE, to 20", True, 20))
 # (label, EAGLE back-off, the producer's length, whether a first prefill shares its budget)
 CASES = (
     *(("EAGLE, two prefills", True, n, True) for n in (9, 12, 15, 16)),
@@ -23,12 +26,12 @@ CASES = (
 )
 
 
-def _mid_block_ends(what: str, engine: MambaAlignEngine, prompts: dict) -> list[str]:
+def _mid_block_ends(what: str, engine: MambaAlignEngine, prompts: dict, since=0) -> list[str]:
     """Upstream's invariant (its test_mamba_align_chunk_split.py): every chunk of a prefill but
     its last ends on a block boundary, the position its entry is hashed at."""
     return [
         f"{what}: {c.req}'s chunk [{c.start}, {c.end}) ends mid-block, not at its prompt's end"
-        for step in engine.chunks
+        for step in engine.chunks[since:]
         for c in step
         if c.req in prompts and c.end % BLOCK and c.end < len(prompts[c.req])
     ]
@@ -113,9 +116,26 @@ def shared_budget_resume(ctx: Context) -> str:
             close(f"{what}: consumer (hit {hit} tokens) logits vs reference", logits, ref)
         )
         problems += _mid_block_ends(what, engine, {**first, "producer": producer})
+    for label, eagle, length in RESUMES:
+        engine = MambaAlignEngine(ctx.device, ctx.fixes, block=BLOCK, budget=BUDGET, eagle=eagle)
+        engine.prefill({"session": LONG[:TURN]}, keep=True)
+        session, since = LONG[:length], len(engine.chunks)
+        _, logits = engine.prefill({"session": session})["session"]
+        what = f"{label}, resumed at {TURN}"
+        ref = mixer_reference(engine.weights, session)
+        problems.append(close(f"{what}: session logits vs reference", logits, ref))
+        problems += _mid_block_ends(what, engine, {"session": session}, since)
+        consumer = [*LONG[: 2 * BLOCK], *TAIL]
+        (hit, logits) = engine.prefill({"consumer": consumer})["consumer"]
+        hits.append(hit)
+        ref = mixer_reference(engine.weights, consumer)
+        problems.append(
+            close(f"{what}: consumer (hit {hit} tokens) logits vs reference", logits, ref)
+        )
     splits, broken = _split_grid(ctx.fixes)
     expect_all(problems + broken)
     return (
-        f"{len(CASES)} cases: every request's logits as the reference (consumer hits {hits}); "
+        f"{len(CASES) + len(RESUMES)} cases: every request's logits as the reference "
+        f"(consumer hits {hits}); "
         f"{splits} splits keep the invariants"
     )
