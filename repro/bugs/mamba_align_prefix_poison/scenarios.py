@@ -78,7 +78,11 @@ def shared_budget_resume(ctx: Context) -> str:
     whose prompt is the producer's first block and 3 tokens of its own, which resumes from the
     state cached at token 8 when there is one. Cases: producer prompts of 9, 12, 15 and 16
     tokens with the EAGLE back-off of the last cache position (under two blocks it is 0), one
-    prefill alone, and two prefills without the back-off. Every request's last logits must
+    prefill alone, and two prefills without the back-off. Then a session whose first turn (11
+    tokens) ends mid-block and whose next turn (30 tokens without the back-off, 20 with it)
+    resumes at token 11 from the state its own entry holds (upstream's mid-block starts come
+    from prefix hits finer than a block), then a consumer sharing its first two blocks. Every
+    request's last logits must
     match a reference that runs its whole prompt from a zero state, and every chunk but a
     prompt's last must end on a block boundary (upstream's invariant). Then the split itself,
     as upstream's test of #51113 checks it, over every start (mid-block ones too: upstream a
@@ -96,8 +100,11 @@ def shared_budget_resume(ctx: Context) -> str:
     back-off and two prefills, the producer's first chunk ends mid-block (tokens 0-6, or 0-4),
     the next crosses token 8 and the entry holding the state at token 6 is hashed as the state
     at 8; the consumer resumes from it: its logits differ, and the producer's first chunk ends
-    mid-block; on the grid, chunks past the last cache position end mid-block, with the back-off
-    or without it (wrong result, both devices)."""
+    mid-block; the session's resumed chunk runs past token 16 (to 24, or to its end 20), the
+    entry holding the state at 11 is hashed as the state at 16 and the consumer resuming there
+    differs too; on the grid, chunks past the last cache position end mid-block, with the
+    back-off or without it, and mid-block resumes cross their block's end (wrong result, both
+    devices)."""
     problems, hits = [], []
     for label, eagle, length, shared in CASES:
         engine = MambaAlignEngine(ctx.device, ctx.fixes, block=BLOCK, budget=BUDGET, eagle=eagle)
