@@ -126,22 +126,26 @@ STATES = (
     # a Mamba layer's align-mode prefix caching (harness/runner/mamba_align.py): the prompts'
     # lengths just past, inside and on block boundaries; the step's token budget taken by one
     # prefill or split between two; the last cacheable position backed off a block for EAGLE
-    # or not; a later request resuming from a cached state
+    # or not; a later request resuming from a cached state; the split itself on chunks that
+    # resume mid-block (upstream: a prefix hit finer than a block)
     "prompt lengths around Mamba block boundaries",
     "two prefills sharing a step's token budget",
     "one prefill per step",
     "EAGLE back-off of the last cache position",
     "no EAGLE back-off",
     "prefix hit on a cached Mamba state",
+    "a chunk resuming mid-block",
     # the causal-conv1d kernel's two stores of a chunk's final conv state (kernels/
     # causal_conv1d.py): a chunk shorter than the state (width - 1 tokens) or not, from a cached
     # state (read from another slot than the one written) or a fresh one, and a sequence after
-    # it that reuses the same cached prefix
+    # it that reuses the same cached prefix; each sequence's own slot, read as a later step
+    # (a decode, a next chunk) would read it
     "conv chunk shorter than its state",
     "conv chunk at least as long as its state",
     "prefill from a prefix-cached state",
     "prefill from a fresh state",
     "a second sequence reusing the prefix",
+    "the own slot's conv state after the step",
     # weight reloads (reload_weights: a trainer's update) under a graph captured before them,
     # and post-load processing that derives more than one tensor from the parameters
     "weights reloaded with the same values",

@@ -144,3 +144,12 @@ def mixer_reference(weights, tokens: list[int]) -> torch.Tensor:
     for t in range(len(tokens)):
         h = decay * h + (padded[t : t + width].T * conv).sum(1)
     return h @ _d(weights.head)
+
+
+def conv_state_reference(weights, tokens: list[int]) -> torch.Tensor:
+    """A Mamba align-mode mixer's conv state after `tokens` (its last width - 1 inputs, oldest
+    first, zeros before the first token), [channels, width - 1] in float64."""
+    x = _d(weights.embedding)[torch.tensor(tokens)]  # [n, C]
+    window = weights.conv.shape[1] - 1
+    padded = torch.cat([torch.zeros(window, x.shape[1], dtype=x.dtype), x])
+    return padded[-window:].T

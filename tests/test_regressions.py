@@ -281,7 +281,8 @@ REQUIRED_AXES = {
         },
     },
     # Mamba align-mode prefix caching (issue 44): prompts around block boundaries, a budget one
-    # prefill takes whole or two split mid-block, the EAGLE back-off on and off, a resume
+    # prefill takes whole or two split mid-block, the EAGLE back-off on and off, a resume, the
+    # split on chunks resuming mid-block
     "mamba_align_prefix_poison": {
         "graph_modes": {"NONE"},
         "states": {
@@ -291,10 +292,11 @@ REQUIRED_AXES = {
             "EAGLE back-off of the last cache position",
             "no EAGLE back-off",
             "prefix hit on a cached Mamba state",
+            "a chunk resuming mid-block",
         },
     },
     # the conv kernel's two final-state stores: short and long chunks, from a cached state and
-    # a fresh one, and a later sequence reading the cached block
+    # a fresh one, a later sequence reading the cached block, and each sequence's own slot
     "conv_state_short_chunk": {
         "graph_modes": {"NONE"},
         "states": {
@@ -303,6 +305,7 @@ REQUIRED_AXES = {
             "prefill from a prefix-cached state",
             "prefill from a fresh state",
             "a second sequence reusing the prefix",
+            "the own slot's conv state after the step",
         },
     },
     # weights reloaded under a graph captured before (issue 44): eager beside the replay, a

@@ -21,7 +21,11 @@ ends there. With EAGLE the last cacheable position is backed off by one block; p
 unfixed split accepts any chunk end (vLLM #51113).
 
 `MambaAlignEngine` runs waves of requests: each wave's prefills share one token budget per step
-(chunked prefill, first come first served), each request admitted with its prefix hit.
+(chunked prefill, first come first served), each request admitted with its prefix hit. A
+request a wave keeps (not finished) goes on in a later wave with a longer prompt from where it
+stopped (a multi-turn session's next turn): when its prompt ended mid-block, its next chunk
+resumes mid-block from the state its own entry holds, the engine's one way to the mid-block
+starts that upstream's finer prefix hits make.
 """
 
 from __future__ import annotations
@@ -175,6 +179,7 @@ class Chunk:
     req: str
     start: int
     end: int
+    slot: int  # where the chunk wrote its final state
 
 
 class MambaAlignEngine:
@@ -199,12 +204,23 @@ class MambaAlignEngine:
         self.states = AlignStates(num_slots, channels, block, device)
         self.mixer = MambaMixer(self.weights, self.states, fixes)
         self.chunks: list[list[Chunk]] = []  # every step's chunks, for reports
+        self.kept: dict[str, list[int]] = {}  # requests kept after their wave: tokens computed
 
-    def prefill(self, prompts: dict[str, Sequence[int]]) -> dict[str, tuple[int, torch.Tensor]]:
-        """Admit `prompts` together and prefill them to their ends: each one's prefix hit and
-        its last token's logits."""
+    def prefill(
+        self, prompts: dict[str, Sequence[int]], keep: bool = False
+    ) -> dict[str, tuple[int, torch.Tensor]]:
+        """Admit `prompts` together and prefill them to their ends: each one's prefix hit (a
+        kept request: where it stopped) and its last token's logits. `keep`: the requests stay
+        (their entries held) for a later wave that extends their prompts."""
         states, done = self.states, {}
-        computed = {req: states.admit(req, tokens) for req, tokens in prompts.items()}
+        computed = {}
+        for req, tokens in prompts.items():
+            if req in self.kept:
+                before = self.kept.pop(req)
+                assert list(tokens[: len(before)]) == before, f"{req}: not a continuation"
+                computed[req] = len(before)
+            else:
+                computed[req] = states.admit(req, tokens)
         hits = dict(computed)
         while len(done) < len(prompts):
             left, step = self.budget, []
@@ -220,7 +236,7 @@ class MambaAlignEngine:
                 src, dst = states.initial(req, start), states.final(req, end)
                 logits = self.mixer.forward(tokens[start:end], src, dst)
                 computed[req], left = end, left - n
-                step.append(Chunk(req, start, end))
+                step.append(Chunk(req, start, end, dst))
                 if end == len(tokens):
                     done[req] = (hits[req], logits)
             if not step:
@@ -228,6 +244,9 @@ class MambaAlignEngine:
             for chunk in step:
                 states.cache_blocks(chunk.req, prompts[chunk.req], computed[chunk.req])
             self.chunks.append(step)
-        for req in prompts:
-            states.finish(req)
+        for req, tokens in prompts.items():
+            if keep:
+                self.kept[req] = list(tokens)
+            else:
+                states.finish(req)
         return done

@@ -43,9 +43,10 @@ FIDELITY = Fidelity(
         "sequence, width 4, channels-last, no bias or SiLU, no intermediate block states), its "
         "two final-state stores kept as upstream's branches; it serves the Mamba align-mode "
         "engine of mamba_align_prefix_poison (harness/runner/mamba_align.py), where a short "
-        "chunk is a prompt's last (a budget never cuts one short there): the own block's "
-        "never-written state is shown at the kernel level (tests/test_causal_conv1d.py), the "
-        "shared block's overwrite through a later sequence's logits"
+        "chunk is a prompt's last (a budget never cuts one short there) and no decode is "
+        "modelled: the own block's never-written state is checked directly (after each prefill "
+        "each chunk's own slot against the float64 conv state, and tests/test_causal_conv1d.py), "
+        "the shared block's overwrite through a later sequence's logits"
     ),
 )
 
@@ -83,6 +84,7 @@ RECORD = BugRecord(
                     "prefill from a fresh state",
                     "a second sequence reusing the prefix",
                     "prefix hit on a cached Mamba state",
+                    "the own slot's conv state after the step",
                 ),
             ),
             signature="second consumer \\(hit 8\\) logits vs reference: \\d+/\\d+ differ",

@@ -47,7 +47,10 @@ FIDELITY = Fidelity(
         "of the last attention hit is not modelled, only the back-off it causes in the split); "
         "blocks of 8 tokens and a budget of 16 stand for upstream's 1600 and "
         "max_num_batched_tokens; one scheduler loop gives each step's budget to the wave's "
-        "prefills in order, deferring a request its split gives 0"
+        "prefills in order, deferring a request its split gives 0; a mid-block start is made "
+        "by a kept request's next turn after a prompt that ended mid-block (upstream's source "
+        "of mid-block starts, a prefix hit finer than a block, is not modelled), and the split "
+        "is also checked alone over a grid of starts, budgets, prompts and EAGLE on/off"
     ),
 )
 
@@ -88,6 +91,7 @@ RECORD = BugRecord(
                     "EAGLE back-off of the last cache position",
                     "no EAGLE back-off",
                     "prefix hit on a cached Mamba state",
+                    "a chunk resuming mid-block",
                 ),
             ),
             signature="consumer \\(hit 8 tokens\\) logits vs reference: \\d+/\\d+ differ",

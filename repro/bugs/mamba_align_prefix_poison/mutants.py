@@ -78,10 +78,5 @@ MUTANTS = (
         "if Fix.MAMBA_ALIGN_PAST_LAST_CACHE in fixes and start % block:",
         "if Fix.MAMBA_ALIGN_PAST_LAST_CACHE in fixes and start % block and end < num_tokens:",
         "a chunk resuming mid-block is stopped at its block's end only when not the prompt's last",
-        equivalent=(
-            "the engine resumes only at block boundaries (hits are whole blocks, the fixed split "
-            "never ends a chunk mid-block but the last): tests/test_mamba_align.py's resume "
-            "cases kill it at the split"
-        ),
     ),
 )

@@ -9,12 +9,15 @@ from __future__ import annotations
 from harness.oracle import close, expect_all
 from harness.record import Context
 from harness.reference import mixer_reference
-from harness.runner.mamba_align import MambaAlignEngine
+from harness.runner.mamba_align import MambaAlignEngine, aligned_split
 
 BLOCK, BUDGET = 8, 16  # every prompt fits one step's budget: a prefill alone is never split
 FIRST = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # 10 tokens: scheduled first, it leaves 6 of the budget
 PROMPT = [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9, 0, 4, 5]  # the producer's, cut to each length
 TAIL = [11, 12, 13]  # the consumer: the producer's first block, then tokens of its own
+LONG = [*PROMPT, 3, 9, 7, 1, 0, 6, 2, 5, 8, 4, 1, 7, 3, 6]  # 30 tokens: a session's turns
+TURN = 11  # the session's first turn ends mid-block: its next turn resumes at token 11
+RESUMES = (("no EAGLE, a next turn to 30 tokens", False, 30), ("EAGLE, to 20", True, 20))
 # (label, EAGLE back-off, the producer's length, whether a first prefill shares its budget)
 CASES = (
     *(("EAGLE, two prefills", True, n, True) for n in (9, 12, 15, 16)),
@@ -23,15 +26,49 @@ CASES = (
 )
 
 
-def _mid_block_ends(what: str, engine: MambaAlignEngine, prompts: dict) -> list[str]:
+def _mid_block_ends(what: str, engine: MambaAlignEngine, prompts: dict, since=0) -> list[str]:
     """Upstream's invariant (its test_mamba_align_chunk_split.py): every chunk of a prefill but
     its last ends on a block boundary, the position its entry is hashed at."""
     return [
         f"{what}: {c.req}'s chunk [{c.start}, {c.end}) ends mid-block, not at its prompt's end"
-        for step in engine.chunks
+        for step in engine.chunks[since:]
         for c in step
         if c.req in prompts and c.end % BLOCK and c.end < len(prompts[c.req])
     ]
+
+
+def _split_grid(fixes) -> tuple[int, list[str]]:
+    """The split itself (the code under test, as upstream's test_mamba_align_chunk_split.py
+    checks it) over every start of every prompt of 1 to 3 blocks + 1 tokens, mid-block starts
+    included (upstream: a prefix hit finer than a block; the engine here never starts a chunk
+    mid-block), every budget up to the prompt's end, EAGLE on and off. The invariants a cached
+    state needs, not the fixed code: a chunk that is not its prompt's last ends on a block
+    boundary (the position its entry is hashed at); a chunk resuming mid-block ends at or
+    before its block's end (else that entry keeps the state at its start); a request is
+    scheduled when its budget is a whole block or reaches its prompt's end (progress); and never
+    more than its budget. Returns the number of splits and the first violations of each."""
+    found: dict[str, list[str]] = {}
+    grid = [
+        (eagle, n, start, budget)
+        for eagle in (True, False)
+        for n in range(1, 3 * BLOCK + 2)
+        for start in range(n)
+        for budget in range(1, n - start + 1)
+    ]
+    for eagle, n, start, budget in grid:
+        got = aligned_split(start, budget, n, BLOCK, eagle, fixes)
+        end, block_end = start + got, (start // BLOCK + 1) * BLOCK
+        rules = (
+            ("more than the budget", not 0 <= got <= budget),
+            ("a non-final chunk ends mid-block", got and end < n and end % BLOCK),
+            ("a mid-block resume crosses its block's end", start % BLOCK and end > block_end),
+            ("no progress", not got and (budget >= BLOCK or start + budget == n)),
+        )
+        case = f"aligned_split(start {start}, budget {budget}, prompt {n}, eagle {eagle})"
+        for rule, broken in rules:
+            if broken:
+                found.setdefault(rule, []).append(f"{case} = {got}: {rule}")
+    return len(grid), [line for lines in found.values() for line in lines[:3]]
 
 
 def shared_budget_resume(ctx: Context) -> str:
@@ -41,9 +78,20 @@ def shared_budget_resume(ctx: Context) -> str:
     whose prompt is the producer's first block and 3 tokens of its own, which resumes from the
     state cached at token 8 when there is one. Cases: producer prompts of 9, 12, 15 and 16
     tokens with the EAGLE back-off of the last cache position (under two blocks it is 0), one
-    prefill alone, and two prefills without the back-off. Every request's last logits must
+    prefill alone, and two prefills without the back-off. Then a session whose first turn (11
+    tokens) ends mid-block and whose next turn (30 tokens without the back-off, 20 with it)
+    resumes at token 11 from the state its own entry holds (upstream's mid-block starts come
+    from prefix hits finer than a block), then a consumer sharing its first two blocks. Every
+    request's last logits must
     match a reference that runs its whole prompt from a zero state, and every chunk but a
-    prompt's last must end on a block boundary (upstream's invariant).
+    prompt's last must end on a block boundary (upstream's invariant). Then the split itself,
+    as upstream's test of #51113 checks it, over every start (mid-block ones too: upstream a
+    prefix hit finer than a block; this engine never resumes mid-block) of every prompt of 1 to
+    25 tokens, every budget up to the prompt's end, EAGLE on and off: a chunk that is not its
+    prompt's last ends on a block boundary; a chunk resuming mid-block ends at or before its
+    block's end (else its entry keeps the state at its start, hashed as the boundary's); a
+    budget of a whole block or one reaching the prompt's end schedules something; never more
+    than the budget.
 
     Fixed: a chunk past the last cache position still ends on a block boundary or at the
     prompt's end: the producer's 6-token share is deferred, its prompt runs in one chunk and
@@ -52,7 +100,11 @@ def shared_budget_resume(ctx: Context) -> str:
     back-off and two prefills, the producer's first chunk ends mid-block (tokens 0-6, or 0-4),
     the next crosses token 8 and the entry holding the state at token 6 is hashed as the state
     at 8; the consumer resumes from it: its logits differ, and the producer's first chunk ends
-    mid-block (wrong result, both devices)."""
+    mid-block; the session's resumed chunk runs past token 16 (to 24, or to its end 20), the
+    entry holding the state at 11 is hashed as the state at 16 and the consumer resuming there
+    differs too; on the grid, chunks past the last cache position end mid-block, with the
+    back-off or without it, and mid-block resumes cross their block's end (wrong result, both
+    devices)."""
     problems, hits = [], []
     for label, eagle, length, shared in CASES:
         engine = MambaAlignEngine(ctx.device, ctx.fixes, block=BLOCK, budget=BUDGET, eagle=eagle)
@@ -71,5 +123,26 @@ def shared_budget_resume(ctx: Context) -> str:
             close(f"{what}: consumer (hit {hit} tokens) logits vs reference", logits, ref)
         )
         problems += _mid_block_ends(what, engine, {**first, "producer": producer})
-    expect_all(problems)
-    return f"{len(CASES)} cases: every request's logits as the reference (consumer hits {hits})"
+    for label, eagle, length in RESUMES:
+        engine = MambaAlignEngine(ctx.device, ctx.fixes, block=BLOCK, budget=BUDGET, eagle=eagle)
+        engine.prefill({"session": LONG[:TURN]}, keep=True)
+        session, since = LONG[:length], len(engine.chunks)
+        _, logits = engine.prefill({"session": session})["session"]
+        what = f"{label}, resumed at {TURN}"
+        ref = mixer_reference(engine.weights, session)
+        problems.append(close(f"{what}: session logits vs reference", logits, ref))
+        problems += _mid_block_ends(what, engine, {"session": session}, since)
+        consumer = [*LONG[: 2 * BLOCK], *TAIL]
+        (hit, logits) = engine.prefill({"consumer": consumer})["consumer"]
+        hits.append(hit)
+        ref = mixer_reference(engine.weights, consumer)
+        problems.append(
+            close(f"{what}: consumer (hit {hit} tokens) logits vs reference", logits, ref)
+        )
+    splits, broken = _split_grid(ctx.fixes)
+    expect_all(problems + broken)
+    return (
+        f"{len(CASES) + len(RESUMES)} cases: every request's logits as the reference "
+        f"(consumer hits {hits}); "
+        f"{splits} splits keep the invariants"
+    )
