@@ -40,9 +40,9 @@ def _mid_block_ends(what: str, engine: MambaAlignEngine, prompts: dict, since=0)
 def _split_grid(fixes) -> tuple[int, list[str]]:
     """The split itself (the code under test, as upstream's test_mamba_align_chunk_split.py
     checks it) over every start of every prompt of 1 to 3 blocks + 1 tokens, mid-block starts
-    included (upstream: a prefix hit finer than a block; the engine here never starts a chunk
-    mid-block), every budget up to the prompt's end, EAGLE on and off. The invariants a cached
-    state needs, not the fixed code: a chunk that is not its prompt's last ends on a block
+    included (upstream: a prefix hit finer than a block; the engine here: only a session's
+    next turn), every budget up to the prompt's end, EAGLE on and off. The invariants a
+    cached state needs, not the fixed code: a chunk that is not its prompt's last ends on a block
     boundary (the position its entry is hashed at); a chunk resuming mid-block ends at or
     before its block's end (else that entry keeps the state at its start); a request is
     scheduled when its budget is a whole block or reaches its prompt's end (progress); and never
@@ -86,8 +86,8 @@ def shared_budget_resume(ctx: Context) -> str:
     match a reference that runs its whole prompt from a zero state, and every chunk but a
     prompt's last must end on a block boundary (upstream's invariant). Then the split itself,
     as upstream's test of #51113 checks it, over every start (mid-block ones too: upstream a
-    prefix hit finer than a block; this engine never resumes mid-block) of every prompt of 1 to
-    25 tokens, every budget up to the prompt's end, EAGLE on and off: a chunk that is not its
+    prefix hit finer than a block; this engine: only a session's next turn) of every prompt of
+    1 to 25 tokens, every budget up to the prompt's end, EAGLE on and off: a chunk that is not its
     prompt's last ends on a block boundary; a chunk resuming mid-block ends at or before its
     block's end (else its entry keeps the state at its start, hashed as the boundary's); a
     budget of a whole block or one reaching the prompt's end schedules something; never more
