@@ -166,6 +166,9 @@ STATES = (
     "guided rows after free rows",
     "every row guided",
     "the scheduler's order unlike the batch's",
+    "one guided row",
+    "three guided rows",
+    "a request guided, then free in the same mask",
     # a drafter's lookahead slots (lookahead.py): a request's sequence ending at a block
     # boundary and just before one, a new request with a prefix hit, and a running request
     # whose blocks came from the prefix cache (a shared prefix)

@@ -19,19 +19,30 @@ from harness.runner.structured_output import ToyGrammar, grammar_bitmask
 STEPS = 3  # a prefill, then two decode steps
 PROMPTS = ((5, 9, 13), (2, 7), (11, 4, 6, 1), (8, 3))  # a request per batch row
 # (label, each row's grammar or None (a free request), the scheduler's order of the guided
-# rows): guided and free mixed (a guided row after a free one, free rows first and between),
-# guided first with a free row last, every row guided; the scheduler's order is never the
-# batch's
+# rows, the step from which each row is free (None: guided to the end)): guided and free mixed
+# (a guided row after a free one, free rows first and between), guided first with a free row
+# last, every row guided, one guided row alone, three of four guided and one of them done with
+# its grammar after the prefill (its row guided, then free in the same persistent mask); the
+# scheduler's order of two or more rows is never the batch's
 BATCHES = (
-    ("free, guided, free, guided", (None, ToyGrammar(3), None, ToyGrammar(4, 1)), (3, 1)),
-    ("guided, guided, free", (ToyGrammar(5, 2), ToyGrammar(2, 1), None), (1, 0)),
-    ("every row guided", (ToyGrammar(3, 2), ToyGrammar(4)), (1, 0)),
+    ("free, guided, free, guided", (None, ToyGrammar(3), None, ToyGrammar(4, 1)), (3, 1), None),
+    ("guided, guided, free", (ToyGrammar(5, 2), ToyGrammar(2, 1), None), (1, 0), None),
+    ("every row guided", (ToyGrammar(3, 2), ToyGrammar(4)), (1, 0), None),
+    ("one guided row of three", (None, None, ToyGrammar(3, 1)), (2,), None),
+    (
+        "three guided of four, row 0 free after the prefill",
+        (ToyGrammar(3), ToyGrammar(4, 1), None, ToyGrammar(5, 2)),
+        (3, 0, 1),
+        (1, None, None, None),
+    ),
 )
 
 
 def guided_and_free_rows(ctx: Context) -> str:
-    """Three batches, each on a fresh eager runner, of a prefill and two decode steps: four rows
-    (free, guided, free, guided), three rows (guided, guided, free) and two rows (both guided).
+    """Five batches, each on a fresh eager runner, of a prefill and two decode steps: four rows
+    (free, guided, free, guided), three rows (guided, guided, free), two rows (both guided),
+    three rows with one guided, and four rows with three guided of which row 0 is done with its
+    grammar after the prefill (guided at step 0, free at steps 1 and 2, in the same mask).
     A guided request follows a toy grammar (an automaton over the 64 token ids: in state s the
     tokens t with t % m == s are allowed; each sampled token moves the state). Each step the
     scheduler sends its compact bitmask: one packed int32 row per guided request, in its own
@@ -53,16 +64,18 @@ def guided_and_free_rows(ctx: Context) -> str:
     to batch row 0), so row 0 forbids every token. No error: the same on both devices.
     """
     problems: list[str | None] = []
-    for label, grammars, order in BATCHES:
+    for label, grammars, order, free_from in BATCHES:
         assert [g is not None for g in grammars].count(True) == len(order), "trigger not reached"
-        assert list(order) != sorted(order), f"trigger not reached ({label}): the batch's order"
-        problems += _serve(ctx, label, grammars, order)
+        assert len(order) < 2 or list(order) != sorted(order), f"trigger not reached ({label})"
+        problems += _serve(ctx, label, grammars, order, free_from or (None,) * len(grammars))
     expect_all(problems)
-    return "; ".join(label for label, _, _ in BATCHES) + f": {STEPS} steps each as the reference"
+    labels = "; ".join(label for label, *_ in BATCHES)
+    return f"{labels}: {STEPS} steps each as the reference"
 
 
-def _serve(ctx: Context, label: str, grammars, order) -> list[str | None]:
-    """One batch on a fresh runner: each step's logits vs the grammar-masked reference."""
+def _serve(ctx: Context, label: str, grammars, order, free_from) -> list[str | None]:
+    """One batch on a fresh runner: each step's logits vs the grammar-masked reference (a row
+    from its `free_from` step on is a free request)."""
     rows = len(grammars)
     runner = ModelRunner(
         runner_config(
@@ -83,19 +96,21 @@ def _serve(ctx: Context, label: str, grammars, order) -> list[str | None]:
     for step in range(STEPS):
         start = [0 if step == 0 else len(seqs[r]) - 1 for r in range(rows)]
         requests = [Request(f"r{r}", tuple(seqs[r][start[r] :]), 0, start[r]) for r in range(rows)]
-        guided = [(f"r{r}", grammars[r], states[r]) for r in order]
+        now = [g if free_from[r] is None or step < free_from[r] else None
+               for r, g in enumerate(grammars)]  # fmt: skip
+        guided = [(f"r{r}", now[r], states[r]) for r in order if now[r] is not None]
         out = runner.execute_model(
             requests, use_cudagraph=False, grammar=grammar_bitmask(guided, vocab)
         )
         want = recomputed_logits(runner, seqs)
-        for r, grammar in enumerate(grammars):
+        for r, grammar in enumerate(now):
             if grammar is not None:
                 allowed = torch.zeros(vocab, dtype=torch.bool)
                 allowed[grammar.allowed(states[r], vocab)] = True
                 want[r] = want[r].masked_fill(~allowed, float("-inf"))
         problems += _compare(f"{label}, step {step}", out.logits, want)
         for r, token in enumerate(want.argmax(-1).tolist()):
-            if grammars[r] is not None:
+            if now[r] is not None:
                 states[r] = grammars[r].advance(states[r], token)
             seqs[r].append(token)
     return problems
