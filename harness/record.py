@@ -151,6 +151,7 @@ STATES = (
     "weights reloaded with the same values",
     "weights reloaded with new values",
     "several derived tensors",
+    "a derived tensor converted to another dtype",
     # a CPU tier of the KV cache (kv_offload.py): its stores issued in the step that writes
     # the blocks or at the next step's start, of one block or several, and a new request's
     # prefix loaded from it

@@ -318,6 +318,7 @@ REQUIRED_AXES = {
             "weights reloaded with the same values",
             "weights reloaded with new values",
             "several derived tensors",
+            "a derived tensor converted to another dtype",
         },
     },
     # a CPU tier's stores under a late compute stream (issue 44): in the step of the writes

@@ -78,6 +78,7 @@ RECORD = BugRecord(
                     "weights reloaded with the same values",
                     "weights reloaded with new values",
                     "several derived tensors",
+                    "a derived tensor converted to another dtype",
                 ),
             ),
             signature="at its captured storage vs the parameters: \\d+/\\d+ differ",

@@ -86,7 +86,8 @@ def reload_under_graph(ctx: Context) -> str:
     each cycle reload or sleep and wake, then prefill two prompts (4 tokens, 2 requests) by
     replaying that graph and eagerly; both logits must match the float64 reference of the live
     parameters, and each derived tensor, read where the graph captured it, must equal a
-    derivation of the live parameters.
+    derivation of the live parameters. In the run's dtype, and in bfloat16 beside a float32
+    run (the float32 table then converts, as the sinks' copy does).
 
     Cycles: reload_weights() of the same checkpoint; reload_weights() of a new one (a trainer's
     update, seed 1); sleep(1) -> wake_up() (the weights pool's backup restored, no reload);
@@ -98,25 +99,32 @@ def reload_under_graph(ctx: Context) -> str:
     after a level-2 wake the fresh memory's 0xFF bytes, NaN logits (wrong result, on the GPU as
     on the CPU; no fault: nothing indexes memory with them).
     """
-    config = runner_config(
-        ctx.device,
-        ctx.fixes,
-        model=ModelConfig(derived_weights=True),
-        dtype=ctx.dtype,
-        cudagraph_mode=CUDAGraphMode.FULL,
-        cudagraph_sizes=(4,),
-        enable_lora=False,
-        max_model_len=8,
-    )
-    worker = Worker(config)
-    runner = worker.model_runner
-    runner.capture_model()  # before any reload
-    # NOTE: held here, so the old storage stays allocated on either device (a GPU graph holds
-    # addresses, not tensors: a rebound tensor's storage could be handed out again)
-    captured = dict(runner.model.derived.tensors)
-    problems = _check(runner, "after load", captured)
-    for label, cycle in CYCLES:
-        cycle(worker)
-        problems += _check(runner, label, captured)
+    problems, held = [], []
+    # the run's dtype, and bfloat16 beside a float32 run: there the float32 embedding table is a
+    # conversion, as FlashInfer's float32 copy of bfloat16 sinks (in float32, a plain copy)
+    dtypes = [ctx.dtype] if ctx.dtype == "bfloat16" else [ctx.dtype, "bfloat16"]
+    for dtype in dtypes:
+        config = runner_config(
+            ctx.device,
+            ctx.fixes,
+            model=ModelConfig(derived_weights=True),
+            dtype=dtype,
+            cudagraph_mode=CUDAGraphMode.FULL,
+            cudagraph_sizes=(4,),
+            enable_lora=False,
+            max_model_len=8,
+        )
+        worker = Worker(config)
+        runner = worker.model_runner
+        runner.capture_model()  # before any reload
+        # NOTE: held here, so the old storage stays allocated on either device (a GPU graph
+        # holds addresses, not tensors: a rebound tensor's storage could be handed out again)
+        captured = dict(runner.model.derived.tensors)
+        held.append((worker, captured))
+        problems += _check(runner, f"{dtype}, after load", captured)
+        for label, cycle in CYCLES:
+            cycle(worker)
+            problems += _check(runner, f"{dtype}, {label}", captured)
     expect_all(problems)
-    return f"{len(CYCLES)} reloads and sleep/wake cycles on a graph captured before them"
+    names = ", ".join(dtypes)
+    return f"{len(CYCLES)} reloads and sleep/wake cycles on a graph captured before them ({names})"
