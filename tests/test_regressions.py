@@ -361,6 +361,7 @@ REQUIRED_AXES = {
             "sequence ends just before a block boundary",
             "new request with a prefix hit",
             "running request on prefix-cache blocks",
+            "a request joining in a replayed graph step",
         },
     },
 }

@@ -91,6 +91,7 @@ RECORD = BugRecord(
                     "sequence ends just before a block boundary",
                     "new request with a prefix hit",
                     "running request on prefix-cache blocks",
+                    "a request joining in a replayed graph step",
                 ),
             ),
             signature="request D's draft logits vs reference: \\d+/\\d+ differ",

@@ -45,6 +45,8 @@ def lookahead_past_allocation(ctx: Context) -> str:
     boundary; no prefix hit), FULL graphs for the target; two drafts with B's prompt 8 tokens
     (at a boundary) of which Y's cached block is a hit, eager. Each step: the target's logits vs
     the float64 reference, and each request's draft logits vs the drafter's on its own tokens.
+    Then a third episode (`_late_join`): B joins in a step replayed in a FULL graph, after an
+    eager step without its row, in X's old row.
 
     Fixed: each step allocates k + 1 lookahead slots past the step's tokens, the first step's
     too: every position the drafter writes is in a block of its own request; D's drafts read
@@ -54,19 +56,81 @@ def lookahead_past_allocation(ctx: Context) -> str:
     X's blocks, now D's (a shared prefix): D's next drafts read B's mask tokens (upstream: the
     drafts' acceptance degrades, #42971's falling mean generated length). Without
     `draft_lookahead_bonus_slot` only k slots: when the sequence plus k ends at a block
-    boundary (3 + 1), the query block's last position is past the allocation: the same.
+    boundary (3 + 1), the query block's last position is past the allocation: the same. (A
+    lookahead set on eager steps only would give B, joining in a replayed step, the last eager
+    step's: none for its row: the same again, in the third episode.)
     No error: the writes stay in the pool (stale ids are real blocks): the same on both
     devices. The target's own KV is untouched (the drafter's layer is its own).
     """
     problems: list[str | None] = []
     for label, k, mode, prompt in EPISODES:
         problems += _episode(ctx, label, k, mode, prompt)
+    problems += _late_join(ctx)
     expect_all(problems)
-    return "; ".join(e[0] for e in EPISODES) + ": every step's drafts as the reference"
+    return "; ".join(e[0] for e in EPISODES) + f"; {LATE}: every step's drafts as the reference"
 
 
-def _episode(ctx: Context, label: str, k: int, mode, prompt) -> list[str | None]:
-    runner = ModelRunner(
+LATE = "one draft, B joins in a FULL graph replay after an eager step without its row"
+
+
+def _late_join(ctx: Context) -> list[str | None]:
+    """Rows 0-3: W (1 token), C and E (2 tokens each, running on), X (12 tokens, cached) run an
+    eager step; W and X finish. An eager step: D (row 0) extends X's prompt by 7 tokens (a hit
+    on X's three blocks), C and E decode. Then a step replayed in a FULL graph (6 tokens): D, C
+    and E decode and B joins in row 3 (X's old row) with 3 tokens, its first step; then two more
+    steps. Every step's target and draft logits vs the reference. The lookahead is the step's
+    own, a replayed step's too: B's query block past its 3 tokens needs the slots of its own
+    next block (else it writes through row 3's stale entries into X's blocks, D's now)."""
+    label, k = LATE, 1
+    runner = _runner(ctx, k, CUDAGraphMode.FULL)
+    runner.capture_model()
+    kv = runner.kv_cache
+    seqs = {0: [19], 1: [30, 31], 2: [32, 33], 3: list(SHARED)}
+    problems = _step(runner, label, "first", seqs, {r: 0 for r in seqs}, k)
+    held_by_x = list(kv.blocks[3][0])
+    for row in (0, 3):
+        kv.free(row)
+        del seqs[row]
+    seqs[0] = [*SHARED, *range(40, 47)]
+    starts = {0: kv.get_computed_blocks(0, seqs[0]), 1: len(seqs[1]) - 1, 2: len(seqs[2]) - 1}
+    assert kv.blocks[0][0] == held_by_x[:3], f"trigger not reached ({label}): D's hit"
+    problems += _step(runner, label, "D's prefill", seqs, starts, k)
+    seqs[3] = [21, 22, 23]
+    row_three = kv.block_tables.block_tables[0][3, :3].tolist()
+    assert row_three == held_by_x[:3], f"trigger not reached ({label}): row 3 names {row_three}"
+    starts = {r: len(seq) - 1 for r, seq in seqs.items()} | {3: 0}
+    for step in ("B joins", "decode 1", "decode 2"):
+        problems += _step(runner, label, step, seqs, starts, k)
+        starts = {r: len(seq) - 1 for r, seq in seqs.items()}
+    return problems
+
+
+def _step(runner, label: str, step: str, seqs: dict, starts: dict, k: int) -> list[str | None]:
+    """One step of rows 0..n-1 (each scheduling its tokens from `starts`): the target's and the
+    drafter's logits vs the reference; each row's sequence grows by its greedy token."""
+    rows = sorted(seqs)
+    assert rows == list(range(len(rows))), "rows 0..n-1: the batch's row r is request row r"
+    out = runner.execute_model(
+        [Request(f"r{r}", tuple(seqs[r][starts[r] :]), 0, starts[r]) for r in rows]
+    )
+    want = recomputed_logits(runner, [seqs[r] for r in rows])
+    where = f"{label}, {step}"
+    problems = [close(f"{where}: target logits vs reference", out.logits, want)]
+    bonus = want.argmax(-1).tolist()
+    for r in rows:
+        problems.append(
+            close(
+                f"{where}: row {r}'s draft logits vs reference",
+                runner.drafter.draft_logits[r],
+                draft_reference(runner, seqs[r], bonus[r], k),
+            )
+        )
+        seqs[r].append(bonus[r])
+    return problems
+
+
+def _runner(ctx: Context, k: int, mode) -> ModelRunner:
+    return ModelRunner(
         runner_config(
             ctx.device,
             ctx.fixes,
@@ -84,6 +148,10 @@ def _episode(ctx: Context, label: str, k: int, mode, prompt) -> list[str | None]
             parallel_drafting=True,
         )
     )
+
+
+def _episode(ctx: Context, label: str, k: int, mode, prompt) -> list[str | None]:
+    runner = _runner(ctx, k, mode)
     if mode != CUDAGraphMode.NONE:
         runner.capture_model()
     kv, problems = runner.kv_cache, []
