@@ -46,7 +46,9 @@ def lookahead_past_allocation(ctx: Context) -> str:
     (at a boundary) of which Y's cached block is a hit, eager. Each step: the target's logits vs
     the float64 reference, and each request's draft logits vs the drafter's on its own tokens.
     Then a third episode (`_late_join`): B joins in a step replayed in a FULL graph, after an
-    eager step without its row, in X's old row.
+    eager step without its row, in X's old row; and a fourth (`_no_prefix_caching`): prefix
+    caching off, a pool the first step takes whole, so D takes X's freed blocks and B, in X's
+    old row, writes through its stale entries into D's context.
 
     Fixed: each step allocates k + 1 lookahead slots past the step's tokens, the first step's
     too: every position the drafter writes is in a block of its own request; D's drafts read
@@ -66,8 +68,40 @@ def lookahead_past_allocation(ctx: Context) -> str:
     for label, k, mode, prompt in EPISODES:
         problems += _episode(ctx, label, k, mode, prompt)
     problems += _late_join(ctx)
+    problems += _no_prefix_caching(ctx)
     expect_all(problems)
-    return "; ".join(e[0] for e in EPISODES) + f"; {LATE}: every step's drafts as the reference"
+    labels = "; ".join([*(e[0] for e in EPISODES), LATE, UNCACHED])
+    return f"{labels}: every step's drafts as the reference"
+
+
+UNCACHED = "one draft, prefix caching off, the pool's blocks reused"
+
+
+def _no_prefix_caching(ctx: Context) -> list[str | None]:
+    """Prefix caching off, a pool of 8 blocks of each group, exactly what the first step takes:
+    W (row 0, 1 token), X (row 1, 12 tokens) and Z (row 2, 8 tokens) run an eager step and
+    finish, X first (freed blocks queue up behind the free ones: X's are taken first). Then D
+    (row 0, 12 new tokens) takes X's four blocks, and B (row 1, X's old row, its entries still
+    X's block ids) joins with 3 tokens: its query block past its first block needs a block of
+    its own, else its bonus position writes through row 1's stale second entry into D's
+    context (positions 8-11). Three steps, every step's target and draft logits vs the
+    reference: the lookahead does not depend on prefix caching."""
+    label, k = UNCACHED, 1
+    runner = _runner(ctx, k, CUDAGraphMode.NONE, blocks=8, caching=False)
+    kv = runner.kv_cache
+    seqs = {0: [19], 1: list(SHARED), 2: [30, 31, 32, 33, 34, 35, 36, 37]}
+    problems = _step(runner, label, "first", seqs, {r: 0 for r in seqs}, k)
+    held_by_x = list(kv.blocks[1][0])
+    for row in (1, 0, 2):
+        kv.free(row)
+    stale = kv.block_tables.block_tables[0][1, 1].item()
+    assert stale == held_by_x[1], f"trigger not reached ({label}): row 1 names {stale}"
+    seqs = {0: [*range(40, 52)], 1: [21, 22, 23]}
+    starts = {0: 0, 1: 0}
+    for step in ("D and B's first", "decode 1", "decode 2"):
+        problems += _step(runner, label, step, seqs, starts, k)
+        starts = {r: len(seq) - 1 for r, seq in seqs.items()}
+    return problems
 
 
 LATE = "one draft, B joins in a FULL graph replay after an eager step without its row"
@@ -129,7 +163,7 @@ def _step(runner, label: str, step: str, seqs: dict, starts: dict, k: int) -> li
     return problems
 
 
-def _runner(ctx: Context, k: int, mode) -> ModelRunner:
+def _runner(ctx: Context, k: int, mode, blocks: int = 32, caching: bool = True) -> ModelRunner:
     return ModelRunner(
         runner_config(
             ctx.device,
@@ -139,8 +173,8 @@ def _runner(ctx: Context, k: int, mode) -> ModelRunner:
             cudagraph_mode=mode,
             cudagraph_sizes=(8,),
             block_sizes=(SIZE, SIZE),
-            num_kv_blocks=32,
-            enable_prefix_caching=True,
+            num_kv_blocks=blocks,
+            enable_prefix_caching=caching,
             max_num_reqs=4,
             max_num_tokens=24,
             max_model_len=24,
