@@ -362,6 +362,7 @@ REQUIRED_AXES = {
             "new request with a prefix hit",
             "running request on prefix-cache blocks",
             "a request joining in a replayed graph step",
+            "blocks reused without prefix caching",
         },
     },
 }

@@ -92,6 +92,7 @@ RECORD = BugRecord(
                     "new request with a prefix hit",
                     "running request on prefix-cache blocks",
                     "a request joining in a replayed graph step",
+                    "blocks reused without prefix caching",
                 ),
             ),
             signature="request D's draft logits vs reference: \\d+/\\d+ differ",
