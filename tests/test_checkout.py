@@ -215,7 +215,7 @@ def test_right_class_for_the_wrong_reason_is_a_mismatch(tmp_path) -> None:
     tree = tmp_path / "tree"
     write(ROOT, tree, fold_bug(ROOT, bug, {p: True for p in bug.fix_parts}))
     path = tree / "harness/runner/model.py"
-    site = "launch(torch.mm, sample, self.head.T, out=logits)"
+    site = "launch(torch.mm, sample, head_t, out=logits)"
     assert path.read_text().count(site) == 1
     path.write_text(path.read_text().replace(site, site + "\n        logits.add_(1)"))
     args = ("check", bug.id, "--device", "cpu", "--scenario", "recycled_state_block")
