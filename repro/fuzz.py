@@ -211,6 +211,45 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
         rng.shuffle(rows)
         ops.append(["step", rows, rng.randint(0, 99)])
         ops.append(["hot_add", 9, rng.random() < 0.5])  # (the draw's adapters are 1 to 8)
+    _draw_prefix_caching(rng, config, ops)
+
+
+def _draw_prefix_caching(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """Prefix caching (one program in two that may have it: no tables in graphs, no window):
+    each sleep's wake is followed by a prompt served before it (a prefix hit on blocks cached
+    before the sleep); a program without a sleep gets a sleep and a wake (level drawn) at an
+    awake place, before any hot add's batch. Drawn last: the program's earlier draws stay."""
+    from repro.program import MAX_MODEL_LEN
+
+    config["prefix_caching"] = (
+        not config["tables_in_graph"] and not config["window"] and rng.random() < 0.5
+    )
+    if not config["prefix_caching"]:
+        return
+    if not any(op[0] == "sleep" for op in ops):
+        awake, asleep = [], set()
+        end = len(ops) - 2 if ops and ops[-1][0] == "hot_add" else len(ops)
+        for i, op in enumerate(ops[: end + 1]):
+            if not asleep:
+                awake.append(i)
+            if op[0] == "sleep":
+                asleep = {"weights", "kv_cache"}
+            elif op[0] == "wake":
+                asleep -= set(op[1] or asleep)
+        at = rng.choice(awake)
+        ops[at:at] = [["sleep", rng.choice([1, 2])], ["wake", None]]
+    served, asleep, prompt = [], set(), None
+    for op in ops:
+        if op[0] == "sleep":
+            prompt = ["generate", rng.randint(17, MAX_MODEL_LEN - 2), rng.randint(0, 99)]
+            served.append(prompt)
+            asleep = {"weights", "kv_cache"}
+        served.append(op)
+        if op[0] == "wake":
+            asleep -= set(op[1] or asleep)
+            if not asleep:
+                served.append(list(prompt))
+    ops[:] = served
 
 
 def _add_lora(rng: random.Random, state: dict) -> list:

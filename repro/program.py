@@ -25,6 +25,11 @@ attention); operations:
                               recently used evicted), then that step's batch again
   ["serve", tokens, seed]     while a tag sleeps: a request reaches the engine core (sleep and
                               wake go through it), one iteration of its loop (it must wait)
+  ["generate", tokens, seed]  prefix caching on: a new request in row 0 of `tokens` seeded
+                              tokens (at most 30; a hit needs 17: blocks of 4 and 16), its prefill (the prefix
+                              cache's blocks reused) and one decode step, then it finishes; its
+                              logits vs a reference that recomputes every position. With prefix
+                              caching the requests finish before a sleep (their blocks freed)
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import torch
 
 from harness.oracle import close, expect_all, step_problems
 from harness.record import Context
-from harness.reference import draft_reference, step_reference
+from harness.reference import draft_reference, recomputed_logits, step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.engine import EngineCore
 from harness.runner.input_batch import Request, decode_first_swaps, dummy_lengths
@@ -68,6 +73,9 @@ CONFIG = {
     "prompt_logprobs": (False, True),  # each step's log-softmax of every token's logits
     # the backend reorders a mixed batch decodes-first by row swaps (MLA's, FlashInfer's)
     "reorder": (False, True),
+    # the KV manager's prefix cache (generate reuses a prompt's cached blocks): not with the
+    # block tables gathered in graphs (a capture writes row 0's blocks) nor a sliding window
+    "prefix_caching": (False, True),
 }
 # keys added since programs were first kept: a program without one holds its first value
 LATER_KEYS = (
@@ -78,6 +86,7 @@ LATER_KEYS = (
     "extract",
     "prompt_logprobs",
     "reorder",
+    "prefix_caching",
 )
 MAX_MODEL_LEN, MAX_TOKENS, MAX_REQS = 32, 32, 8
 MAX_ALLOWED = 8  # a restricted request's allowed_token_ids, at most
@@ -120,6 +129,7 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
         extract_hidden_states=config["extract"],
         prompt_logprobs=config["prompt_logprobs"],
         reorder_batch=config["reorder"],
+        enable_prefix_caching=config["prefix_caching"],
     )
 
 
@@ -192,7 +202,32 @@ class Machine:
             self.extracted.clear()  # and the cache-only layer's states
 
     def op_sleep(self, level: int) -> None:
+        kv = self.runner.kv_cache
+        if kv.prefix_caching:  # the engine sleeps idle: its requests finished (blocks freed)
+            for row in list(kv.blocks):
+                kv.free(row)
         self.engine.sleep(level)
+
+    def op_generate(self, tokens: int, token_seed: int) -> list[str | None]:
+        """A new request in row 0 (the prefix cache's blocks of its prompt reused), its prefill
+        and one decode step: each step's logits vs the reference that recomputes every
+        position (a reused block holding other bytes cannot agree with it)."""
+        gen = torch.Generator().manual_seed(token_seed)
+        vocab = self.runner.model.config.vocab_size
+        prompt = torch.randint(0, vocab, (tokens,), generator=gen).tolist()
+        new, steps = self.runner.generate([prompt], 2)
+        self.kv_clean = False
+        self.extracted.clear()  # its slots were written outside the steps' record
+        hits = steps[0][0][0].num_computed_tokens
+        return [
+            close(
+                f"generate step {i} (prompt of {tokens}, {hits} tokens from the prefix cache) "
+                "logits vs recomputed reference",
+                logits,
+                recomputed_logits(self.runner, [prompt + new[0][:i]]),
+            )
+            for i, (_, logits) in enumerate(steps)
+        ]
 
     def op_wake(self, tags: list[str] | None) -> None:
         self.engine.wake_up(tags)
@@ -402,6 +437,8 @@ def invalid(program: dict) -> str | None:
         return "the learned gate serves no expert LoRA: lora off"
     if config["speculator"] == "padded" and config["draft"] and config["backend"] == "flashmla":
         return "the padded drafter's graphs replace the draft attention's: one of them"
+    if config["prefix_caching"] and (config["tables_in_graph"] or config["window"]):
+        return "prefix caching: not with tables_in_graph nor a sliding window"
     active, asleep, captured = [], set(), False
     ops = ops if isinstance(ops, list) else [None]
     for i, op in enumerate(ops):
@@ -432,7 +469,7 @@ def invalid(program: dict) -> str | None:
 
 def _invalid_op(op, config, active, asleep, captured) -> str | None:
     arity = {"add_lora": 2, "remove_lora": 1, "dummy": 2, "capture": 0, "step": 2, "sleep": 1}
-    arity.update(wake=1, serve=2, hot_add=2)
+    arity.update(wake=1, serve=2, hot_add=2, generate=2)
     if not isinstance(op, list) or not op or op[0] not in arity or len(op) != arity[op[0]] + 1:
         return f"an operation is [name, *args] with name one of {sorted(arity)}"
     name, *args = op
@@ -443,6 +480,9 @@ def _invalid_op(op, config, active, asleep, captured) -> str | None:
         return "the worker sleeps: only wake (or serve)"
     if name == "hot_add":  # its place in the program: checked by invalid()
         return None
+    if name == "generate":
+        ok = config["prefix_caching"] and 1 <= args[0] <= MAX_MODEL_LEN - 2
+        return None if ok else "generate needs prefix caching, a prompt of 1 to 30 tokens"
     if name == "wake":
         tags = asleep if args[0] is None else set(args[0])
         return None if asleep and tags <= asleep else "tags that do not sleep"
