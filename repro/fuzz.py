@@ -212,6 +212,37 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
         ops.append(["step", rows, rng.randint(0, 99)])
         ops.append(["hot_add", 9, rng.random() < 0.5])  # (the draw's adapters are 1 to 8)
     _draw_prefix_caching(rng, config, ops)
+    _draw_reload(rng, config, ops)
+
+
+def _awake_places(ops: list[list], start: int = 0) -> list[int]:
+    """Where an operation may go into `ops` (from `start`): the worker awake, not between a
+    hot add and its batch."""
+    places, asleep = [], set()
+    end = len(ops) - 2 if ops and ops[-1][0] == "hot_add" else len(ops)
+    for i, op in enumerate(ops[: end + 1]):
+        if not asleep and i >= start:
+            places.append(i)
+        if op[0] == "sleep":
+            asleep = {"weights", "kv_cache"}
+        elif op[0] == "wake":
+            asleep -= set(op[1] or asleep)
+    return places
+
+
+def _draw_reload(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """Derived weights (one program in two) and, then, a weight reload of a new checkpoint
+    at an awake place after the capture (when there is one: its graphs are replayed after
+    it), one to two of them. Drawn last: the program's earlier draws stay."""
+    config["derived"] = rng.random() < 0.5
+    if not config["derived"]:
+        return
+    captures = [i for i, op in enumerate(ops) if op[0] == "capture"]
+    for _ in range(rng.randint(1, 2)):
+        places = _awake_places(ops, captures[0] + 1 if captures else 0)
+        if places:
+            at = rng.choice(places)
+            ops[at:at] = [["reload", rng.randint(1, 9)]]
 
 
 def _draw_prefix_caching(rng: random.Random, config: dict, ops: list[list]) -> None:
@@ -227,16 +258,7 @@ def _draw_prefix_caching(rng: random.Random, config: dict, ops: list[list]) -> N
     if not config["prefix_caching"]:
         return
     if not any(op[0] == "sleep" for op in ops):
-        awake, asleep = [], set()
-        end = len(ops) - 2 if ops and ops[-1][0] == "hot_add" else len(ops)
-        for i, op in enumerate(ops[: end + 1]):
-            if not asleep:
-                awake.append(i)
-            if op[0] == "sleep":
-                asleep = {"weights", "kv_cache"}
-            elif op[0] == "wake":
-                asleep -= set(op[1] or asleep)
-        at = rng.choice(awake)
+        at = rng.choice(_awake_places(ops))
         ops[at:at] = [["sleep", rng.choice([1, 2])], ["wake", None]]
     served, asleep, prompt = [], set(), None
     for op in ops:

@@ -30,6 +30,8 @@ attention); operations:
                               cache's blocks reused) and one decode step, then it finishes; its
                               logits vs a reference that recomputes every position. With prefix
                               caching the requests finish before a sleep (their blocks freed)
+  ["reload", seed]            reload_weights(seed): a trainer's new checkpoint (seeded), then the
+                              post-load processing again (with derived weights: derived again)
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ CONFIG = {
     # the KV manager's prefix cache (generate reuses a prompt's cached blocks): not with the
     # block tables gathered in graphs (a capture writes row 0's blocks) nor a sliding window
     "prefix_caching": (False, True),
+    # post-load processing derives tensors the forward reads (ModelConfig.derived_weights)
+    "derived": (False, True),
 }
 # keys added since programs were first kept: a program without one holds its first value
 LATER_KEYS = (
@@ -87,6 +91,7 @@ LATER_KEYS = (
     "prompt_logprobs",
     "reorder",
     "prefix_caching",
+    "derived",
 )
 MAX_MODEL_LEN, MAX_TOKENS, MAX_REQS = 32, 32, 8
 MAX_ALLOWED = 8  # a restricted request's allowed_token_ids, at most
@@ -110,6 +115,7 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
             max_loras=config["max_loras"],
             learned_gate=config["moe"] != "hash",
             skip_padding=config["moe"] == "gate_skip",
+            derived_weights=config["derived"],
         ),
         max_num_tokens=MAX_TOKENS,
         max_num_reqs=MAX_REQS,
@@ -207,6 +213,9 @@ class Machine:
             for row in list(kv.blocks):
                 kv.free(row)
         self.engine.sleep(level)
+
+    def op_reload(self, seed: int) -> None:
+        self.runner.reload_weights(seed)
 
     def op_generate(self, tokens: int, token_seed: int) -> list[str | None]:
         """A new request in row 0 (the prefix cache's blocks of its prompt reused), its prefill
@@ -469,7 +478,7 @@ def invalid(program: dict) -> str | None:
 
 def _invalid_op(op, config, active, asleep, captured) -> str | None:
     arity = {"add_lora": 2, "remove_lora": 1, "dummy": 2, "capture": 0, "step": 2, "sleep": 1}
-    arity.update(wake=1, serve=2, hot_add=2, generate=2)
+    arity.update(wake=1, serve=2, hot_add=2, generate=2, reload=1)
     if not isinstance(op, list) or not op or op[0] not in arity or len(op) != arity[op[0]] + 1:
         return f"an operation is [name, *args] with name one of {sorted(arity)}"
     name, *args = op
@@ -480,6 +489,8 @@ def _invalid_op(op, config, active, asleep, captured) -> str | None:
         return "the worker sleeps: only wake (or serve)"
     if name == "hot_add":  # its place in the program: checked by invalid()
         return None
+    if name == "reload":
+        return None if isinstance(args[0], int) and args[0] >= 0 else "a checkpoint's seed"
     if name == "generate":
         ok = config["prefix_caching"] and 1 <= args[0] <= MAX_MODEL_LEN - 2
         return None if ok else "generate needs prefix caching, a prompt of 1 to 30 tokens"
