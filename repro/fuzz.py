@@ -213,6 +213,25 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
         ops.append(["hot_add", 9, rng.random() < 0.5])  # (the draw's adapters are 1 to 8)
     _draw_prefix_caching(rng, config, ops)
     _draw_reload(rng, config, ops)
+    _draw_guided(rng, ops)
+
+
+def _draw_guided(rng: random.Random, ops: list[list]) -> None:
+    """Guided requests beside free ones: one step in three gets toy grammars for some of its
+    rows (all of them one time in four), in a scheduler order of their own. Drawn last: the
+    program's earlier draws stay."""
+    from repro.program import MAX_MODULUS
+
+    for op in ops:
+        if op[0] == "step" and rng.random() < 1 / 3:
+            rows = list(range(len(op[1])))
+            rng.shuffle(rows)
+            count = len(rows) if rng.random() < 0.25 else rng.randint(1, max(1, len(rows) - 1))
+            guided = []
+            for row in rows[:count]:
+                modulus = rng.randint(2, MAX_MODULUS)
+                guided.append([row, modulus, rng.randrange(modulus)])
+            op.append(guided)
 
 
 def _awake_places(ops: list[list], start: int = 0) -> list[int]:
@@ -461,6 +480,14 @@ SIMPLEST = {
 }
 
 
+def _drop_guided(step: list, row: int) -> list:
+    """A step's grammars (none, or a list of one) after its request `row` is dropped."""
+    if len(step) < 4:
+        return []
+    kept = [[r - (r > row), m, st] for r, m, st in step[3] if r != row]
+    return [kept] if kept else []
+
+
 def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
     """Shrinking, operation-aware: the prefix up to the operation the oracle names (or the
     shortest failing prefix, by binary search), then each operation dropped, each step's
@@ -499,14 +526,19 @@ def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
             continue
         for row in reversed(range(len(op[1]))):
             rows = ops[i][1][:row] + ops[i][1][row + 1 :]
-            candidate = [*ops[:i], ["step", rows, op[2]], *ops[i + 1 :]]
+            candidate = [*ops[:i], ["step", rows, op[2], *_drop_guided(ops[i], row)], *ops[i + 1 :]]
             found = tried(candidate) if rows else None
+            if found is not None:
+                ops, evidence = candidate, found
+        if len(ops[i]) == 4:  # the grammars dropped
+            candidate = [*ops[:i], ops[i][:3], *ops[i + 1 :]]
+            found = tried(candidate)
             if found is not None:
                 ops, evidence = candidate, found
         for row in range(len(ops[i][1])):  # a restricted request's allowed_token_ids dropped
             if len(ops[i][1][row]) == 4:
                 rows = [*ops[i][1][:row], ops[i][1][row][:3], *ops[i][1][row + 1 :]]
-                candidate = [*ops[:i], ["step", rows, op[2]], *ops[i + 1 :]]
+                candidate = [*ops[:i], ["step", rows, *ops[i][2:]], *ops[i + 1 :]]
                 found = tried(candidate)
                 if found is not None:
                     ops, evidence = candidate, found
