@@ -211,6 +211,86 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
         rng.shuffle(rows)
         ops.append(["step", rows, rng.randint(0, 99)])
         ops.append(["hot_add", 9, rng.random() < 0.5])  # (the draw's adapters are 1 to 8)
+    _draw_prefix_caching(rng, config, ops)
+    _draw_reload(rng, config, ops)
+    _draw_guided(rng, ops)
+
+
+def _draw_guided(rng: random.Random, ops: list[list]) -> None:
+    """Guided requests beside free ones: one step in three gets toy grammars for some of its
+    rows (all of them one time in four), in a scheduler order of their own. Drawn last: the
+    program's earlier draws stay."""
+    from repro.program import MAX_MODULUS
+
+    for op in ops:
+        if op[0] == "step" and rng.random() < 1 / 3:
+            rows = list(range(len(op[1])))
+            rng.shuffle(rows)
+            count = len(rows) if rng.random() < 0.25 else rng.randint(1, max(1, len(rows) - 1))
+            guided = []
+            for row in rows[:count]:
+                modulus = rng.randint(2, MAX_MODULUS)
+                guided.append([row, modulus, rng.randrange(modulus)])
+            op.append(guided)
+
+
+def _awake_places(ops: list[list], start: int = 0) -> list[int]:
+    """Where an operation may go into `ops` (from `start`): the worker awake, not between a
+    hot add and its batch."""
+    places, asleep = [], set()
+    end = len(ops) - 2 if ops and ops[-1][0] == "hot_add" else len(ops)
+    for i, op in enumerate(ops[: end + 1]):
+        if not asleep and i >= start:
+            places.append(i)
+        if op[0] == "sleep":
+            asleep = {"weights", "kv_cache"}
+        elif op[0] == "wake":
+            asleep -= set(op[1] or asleep)
+    return places
+
+
+def _draw_reload(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """Derived weights (one program in two) and, then, a weight reload of a new checkpoint
+    at an awake place after the capture (when there is one: its graphs are replayed after
+    it), one to two of them. Drawn last: the program's earlier draws stay."""
+    config["derived"] = rng.random() < 0.5
+    if not config["derived"]:
+        return
+    captures = [i for i, op in enumerate(ops) if op[0] == "capture"]
+    for _ in range(rng.randint(1, 2)):
+        places = _awake_places(ops, captures[0] + 1 if captures else 0)
+        if places:
+            at = rng.choice(places)
+            ops[at:at] = [["reload", rng.randint(1, 9)]]
+
+
+def _draw_prefix_caching(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """Prefix caching (one program in two that may have it: no tables in graphs, no window):
+    each sleep's wake is followed by a prompt served before it (a prefix hit on blocks cached
+    before the sleep); a program without a sleep gets a sleep and a wake (level drawn) at an
+    awake place, before any hot add's batch. Drawn last: the program's earlier draws stay."""
+    from repro.program import MAX_MODEL_LEN
+
+    config["prefix_caching"] = (
+        not config["tables_in_graph"] and not config["window"] and rng.random() < 0.5
+    )
+    if not config["prefix_caching"]:
+        return
+    if not any(op[0] == "sleep" for op in ops):
+        at = rng.choice(_awake_places(ops))
+        ops[at:at] = [["sleep", rng.choice([1, 2])], ["wake", None]]
+    served, asleep, prompt = [], set(), None
+    for op in ops:
+        if op[0] == "sleep":
+            prompt = ["generate", rng.randint(17, MAX_MODEL_LEN - 2), rng.randint(0, 99)]
+            served.append(prompt)
+            asleep = {"weights", "kv_cache"}
+        served.append(op)
+        if op[0] == "wake":
+            asleep -= set(op[1] or asleep)
+            if not asleep:
+                served.append(list(prompt))
+    ops[:] = served
 
 
 def _add_lora(rng: random.Random, state: dict) -> list:
@@ -400,6 +480,14 @@ SIMPLEST = {
 }
 
 
+def _drop_guided(step: list, row: int) -> list:
+    """A step's grammars (none, or a list of one) after its request `row` is dropped."""
+    if len(step) < 4:
+        return []
+    kept = [[r - (r > row), m, st] for r, m, st in step[3] if r != row]
+    return [kept] if kept else []
+
+
 def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
     """Shrinking, operation-aware: the prefix up to the operation the oracle names (or the
     shortest failing prefix, by binary search), then each operation dropped, each step's
@@ -438,14 +526,19 @@ def minimize(s: Search, program: dict, evidence: str) -> tuple[dict, str]:
             continue
         for row in reversed(range(len(op[1]))):
             rows = ops[i][1][:row] + ops[i][1][row + 1 :]
-            candidate = [*ops[:i], ["step", rows, op[2]], *ops[i + 1 :]]
+            candidate = [*ops[:i], ["step", rows, op[2], *_drop_guided(ops[i], row)], *ops[i + 1 :]]
             found = tried(candidate) if rows else None
+            if found is not None:
+                ops, evidence = candidate, found
+        if len(ops[i]) == 4:  # the grammars dropped
+            candidate = [*ops[:i], ops[i][:3], *ops[i + 1 :]]
+            found = tried(candidate)
             if found is not None:
                 ops, evidence = candidate, found
         for row in range(len(ops[i][1])):  # a restricted request's allowed_token_ids dropped
             if len(ops[i][1][row]) == 4:
                 rows = [*ops[i][1][:row], ops[i][1][row][:3], *ops[i][1][row + 1 :]]
-                candidate = [*ops[:i], ["step", rows, op[2]], *ops[i + 1 :]]
+                candidate = [*ops[:i], ["step", rows, *ops[i][2:]], *ops[i + 1 :]]
                 found = tried(candidate)
                 if found is not None:
                     ops, evidence = candidate, found

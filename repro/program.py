@@ -19,12 +19,24 @@ attention); operations:
   ["capture"]                 capture_model
   ["step", [[lora_id, tokens, computed], ...], token_seed]   one step of these requests (a
                               fourth entry k: the request's allowed_token_ids, k seeded tokens)
+  ["step", rows, token_seed, [[row, modulus, state], ...]]   a step with guided requests: the
+                              scheduler's grammar bitmask (structured_output.py), one toy
+                              grammar (allowed: t % modulus == state) per guided row, in the
+                              scheduler's order (the list's); the other rows are free
   ["sleep", level]            the worker sleeps (1: weights offloaded, 2: discarded)
   ["wake", tags]              wake_up(tags): null (all), ["weights"] or ["kv_cache"]
   ["hot_add", id, experts]    last, after a step, every slot taken: add adapter `id` (the least
                               recently used evicted), then that step's batch again
   ["serve", tokens, seed]     while a tag sleeps: a request reaches the engine core (sleep and
                               wake go through it), one iteration of its loop (it must wait)
+  ["generate", tokens, seed]  prefix caching on: a new request in row 0 of `tokens` seeded
+                              tokens (at most 30; a hit needs 17: blocks of 4 and 16), its
+                              prefill (the prefix cache's blocks reused) and one decode step,
+                              then it finishes; its logits vs a reference that recomputes every
+                              position. With prefix caching the requests finish before a sleep
+                              (their blocks freed)
+  ["reload", seed]            reload_weights(seed): a trainer's new checkpoint (seeded), then the
+                              post-load processing again (with derived weights: derived again)
 """
 
 from __future__ import annotations
@@ -36,13 +48,14 @@ import torch
 
 from harness.oracle import close, expect_all, step_problems
 from harness.record import Context
-from harness.reference import draft_reference, step_reference
+from harness.reference import draft_reference, recomputed_logits, step_reference
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.engine import EngineCore
 from harness.runner.input_batch import Request, decode_first_swaps, dummy_lengths
 from harness.runner.model import ModelConfig
 from harness.runner.model_runner import ModelOutput, RunnerConfig
 from harness.runner.model_runner import runner_config as flat_config
+from harness.runner.structured_output import ToyGrammar, grammar_bitmask
 from harness.runner.worker import Worker
 
 # config key -> the values a program may hold (repro/fuzz.py draws from these)
@@ -68,6 +81,11 @@ CONFIG = {
     "prompt_logprobs": (False, True),  # each step's log-softmax of every token's logits
     # the backend reorders a mixed batch decodes-first by row swaps (MLA's, FlashInfer's)
     "reorder": (False, True),
+    # the KV manager's prefix cache (generate reuses a prompt's cached blocks): not with the
+    # block tables gathered in graphs (a capture writes row 0's blocks) nor a sliding window
+    "prefix_caching": (False, True),
+    # post-load processing derives tensors the forward reads (ModelConfig.derived_weights)
+    "derived": (False, True),
 }
 # keys added since programs were first kept: a program without one holds its first value
 LATER_KEYS = (
@@ -78,9 +96,12 @@ LATER_KEYS = (
     "extract",
     "prompt_logprobs",
     "reorder",
+    "prefix_caching",
+    "derived",
 )
 MAX_MODEL_LEN, MAX_TOKENS, MAX_REQS = 32, 32, 8
 MAX_ALLOWED = 8  # a restricted request's allowed_token_ids, at most
+MAX_MODULUS = 5  # a guided request's toy grammar allows one token id in `modulus`, at least
 BLOCK_SIZES = (4, 16)
 
 
@@ -101,6 +122,7 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
             max_loras=config["max_loras"],
             learned_gate=config["moe"] != "hash",
             skip_padding=config["moe"] == "gate_skip",
+            derived_weights=config["derived"],
         ),
         max_num_tokens=MAX_TOKENS,
         max_num_reqs=MAX_REQS,
@@ -120,6 +142,7 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
         extract_hidden_states=config["extract"],
         prompt_logprobs=config["prompt_logprobs"],
         reorder_batch=config["reorder"],
+        enable_prefix_caching=config["prefix_caching"],
     )
 
 
@@ -131,7 +154,8 @@ def describe(op: list) -> str:
             f"lora {r[0]} x{r[1]} @{r[2]}" + (f" allowing {r[3]}" if len(r) == 4 else "")
             for r in args[0]
         )
-        return f"step [{reqs}]"
+        guided = "".join(f", guided {g}" for g in args[2:])
+        return f"step [{reqs}]{guided}"
     return f"{name}({', '.join(json.dumps(a) for a in args)})"
 
 
@@ -192,7 +216,35 @@ class Machine:
             self.extracted.clear()  # and the cache-only layer's states
 
     def op_sleep(self, level: int) -> None:
+        kv = self.runner.kv_cache
+        if kv.prefix_caching:  # the engine sleeps idle: its requests finished (blocks freed)
+            for row in list(kv.blocks):
+                kv.free(row)
         self.engine.sleep(level)
+
+    def op_reload(self, seed: int) -> None:
+        self.runner.reload_weights(seed)
+
+    def op_generate(self, tokens: int, token_seed: int) -> list[str | None]:
+        """A new request in row 0 (the prefix cache's blocks of its prompt reused), its prefill
+        and one decode step: each step's logits vs the reference that recomputes every
+        position (a reused block holding other bytes cannot agree with it)."""
+        gen = torch.Generator().manual_seed(token_seed)
+        vocab = self.runner.model.config.vocab_size
+        prompt = torch.randint(0, vocab, (tokens,), generator=gen).tolist()
+        new, steps = self.runner.generate([prompt], 2)
+        self.kv_clean = False
+        self.extracted.clear()  # its slots were written outside the steps' record
+        hits = steps[0][0][0].num_computed_tokens
+        return [
+            close(
+                f"generate step {i} (prompt of {tokens}, {hits} tokens from the prefix cache) "
+                "logits vs recomputed reference",
+                logits,
+                recomputed_logits(self.runner, [prompt + new[0][:i]]),
+            )
+            for i, (_, logits) in enumerate(steps)
+        ]
 
     def op_wake(self, tags: list[str] | None) -> None:
         self.engine.wake_up(tags)
@@ -263,8 +315,8 @@ class Machine:
         self.op_add_lora(lora_id, experts)
         return self.op_step(*self.last_step)
 
-    def op_step(self, rows: list[list[int]], token_seed: int) -> list[str | None]:
-        self.last_step = (rows, token_seed)
+    def op_step(self, rows: list[list[int]], token_seed: int, *guided) -> list[str | None]:
+        self.last_step = (rows, token_seed, *guided)
         gen = torch.Generator().manual_seed(token_seed)
         vocab = self.runner.model.config.vocab_size
         requests = [
@@ -281,8 +333,15 @@ class Machine:
             for i, j in decode_first_swaps([len(q.token_ids) == 1 for q in ordered]):
                 ordered[i], ordered[j] = ordered[j], ordered[i]
         shape = [(q.lora_id, len(q.token_ids), q.num_computed_tokens) for q in ordered]
+        # the scheduler's bitmask of the guided rows, in its order; each row's disallowed tokens
+        grammar, forbidden = None, {}
+        if guided:
+            states = [(f"r{row}", ToyGrammar(m, st), st) for row, m, st in guided[0]]
+            grammar = grammar_bitmask(states, vocab)
+            for req_id, g, st in states:
+                forbidden[req_id] = set(range(vocab)) - set(g.allowed(st, vocab))
         before = self.kv_snapshot()
-        out = self.runner.execute_model(requests)
+        out = self.runner.execute_model(requests, grammar=grammar)
         self.kv_clean = False
         replay = None
         replay_drafts = None
@@ -294,7 +353,7 @@ class Machine:
             )
             replay_drafts = self.draft_logits(len(requests))
             # in the rows the replay ran them in (swapping again would move the KV rows back)
-            out = self.runner.execute_model(ordered, use_cudagraph=False)
+            out = self.runner.execute_model(ordered, use_cudagraph=False, grammar=grammar)
         label = "eager" if replay is None else "replayed"
         reference = step_reference(self.runner, ordered)
         problems = []
@@ -303,13 +362,16 @@ class Machine:
             if q.allowed_token_ids is not None:
                 mask[row] = True
                 mask[row, list(q.allowed_token_ids)] = False
+            if q.req_id in forbidden:
+                mask[row, sorted(forbidden[q.req_id])] = True
         if mask.any():  # disallowed tokens at -inf: compared as such, the rest as numbers
             for name, o in (("eager", out), ("replayed", replay)):
                 if o is not None and not torch.equal(o.logits.isneginf().cpu(), mask):
                     problems.append(
                         f"{name} logits: -inf outside the requests' disallowed tokens "
-                        f"(allowed_token_ids {[q.allowed_token_ids for q in ordered]}), or "
-                        "a disallowed token left finite"
+                        f"(allowed_token_ids {[q.allowed_token_ids for q in ordered]}, "
+                        f"grammars {guided[0] if guided else None}), or a disallowed token "
+                        "left finite"
                     )
             unmasked = lambda o: (
                 None
@@ -402,6 +464,8 @@ def invalid(program: dict) -> str | None:
         return "the learned gate serves no expert LoRA: lora off"
     if config["speculator"] == "padded" and config["draft"] and config["backend"] == "flashmla":
         return "the padded drafter's graphs replace the draft attention's: one of them"
+    if config["prefix_caching"] and (config["tables_in_graph"] or config["window"]):
+        return "prefix caching: not with tables_in_graph nor a sliding window"
     active, asleep, captured = [], set(), False
     ops = ops if isinstance(ops, list) else [None]
     for i, op in enumerate(ops):
@@ -432,7 +496,10 @@ def invalid(program: dict) -> str | None:
 
 def _invalid_op(op, config, active, asleep, captured) -> str | None:
     arity = {"add_lora": 2, "remove_lora": 1, "dummy": 2, "capture": 0, "step": 2, "sleep": 1}
-    arity.update(wake=1, serve=2, hot_add=2)
+    arity.update(wake=1, serve=2, hot_add=2, generate=2, reload=1)
+    guided = isinstance(op, list) and len(op) == 4 and op[0] == "step"
+    if guided:
+        op, guided_rows = op[:3], op[3]  # its grammars: checked at the end
     if not isinstance(op, list) or not op or op[0] not in arity or len(op) != arity[op[0]] + 1:
         return f"an operation is [name, *args] with name one of {sorted(arity)}"
     name, *args = op
@@ -443,6 +510,11 @@ def _invalid_op(op, config, active, asleep, captured) -> str | None:
         return "the worker sleeps: only wake (or serve)"
     if name == "hot_add":  # its place in the program: checked by invalid()
         return None
+    if name == "reload":
+        return None if isinstance(args[0], int) and args[0] >= 0 else "a checkpoint's seed"
+    if name == "generate":
+        ok = config["prefix_caching"] and 1 <= args[0] <= MAX_MODEL_LEN - 2
+        return None if ok else "generate needs prefix caching, a prompt of 1 to 30 tokens"
     if name == "wake":
         tags = asleep if args[0] is None else set(args[0])
         return None if asleep and tags <= asleep else "tags that do not sleep"
@@ -470,4 +542,24 @@ def _invalid_op(op, config, active, asleep, captured) -> str | None:
             return f"request [{lora}, {n}, {computed}]: inactive adapter or lengths"
         if allowed and not 1 <= allowed[0] <= MAX_ALLOWED:
             return f"request {[lora, n, computed, *allowed]}: 1 to {MAX_ALLOWED} allowed tokens"
+    return _invalid_guided(guided_rows, len(rows)) if guided else None
+
+
+def _invalid_guided(guided, num_rows: int) -> str | None:
+    """A step's grammars: [[row, modulus, state], ...], distinct rows of the step, modulus 2 to
+    MAX_MODULUS, 0 <= state < modulus."""
+    ok = (
+        isinstance(guided, list)
+        and guided
+        and all(
+            isinstance(g, list)
+            and len(g) == 3
+            and 0 <= g[0] < num_rows
+            and 2 <= g[1] <= MAX_MODULUS
+            and 0 <= g[2] < g[1]
+            for g in guided
+        )
+    )
+    if not ok or len({g[0] for g in guided}) != len(guided):
+        return f"guided rows are distinct [row, modulus 2 to {MAX_MODULUS}, state < modulus]"
     return None

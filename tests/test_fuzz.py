@@ -88,6 +88,13 @@ def test_every_drawn_program_is_valid(program) -> None:
         ),
         ([["sleep", 1], ["wake", None], ["serve", 3, 0]], "while a tag sleeps"),
         ([["sleep", 1], ["wake", ["weights"]], ["serve", 0, 0]], "1 to 32 tokens"),
+        ([["generate", 20, 0]], "needs prefix caching"),
+        ([["reload", -1]], "a checkpoint's seed"),
+        ([["sleep", 1], ["reload", 1]], "only wake"),
+        ([["step", [[0, 1, 0]], 0, [[1, 3, 0]]]], "guided rows"),
+        ([["step", [[0, 1, 0]], 0, [[0, 3, 3]]]], "guided rows"),
+        ([["step", [[0, 1, 0], [0, 1, 0]], 0, [[0, 3, 0], [0, 2, 0]]]], "guided rows"),
+        ([["step", [[0, 1, 0]], 0, []]], "guided rows"),
         ([["jump"]], "an operation is"),
     ],
 )
@@ -154,6 +161,65 @@ def test_the_draw_reaches_the_hidden_state_readers() -> None:
             )
             is None
         )
+
+
+def test_the_draw_reaches_prefix_caching_reloads_and_grammars() -> None:
+    """Issue 41 item 3: prefix caching with a prompt served before a sleep and again after its
+    wake, derived weights reloaded after the capture, steps with guided rows beside free ones;
+    drawn last (a seed's earlier draws stay), and a program without these keys is valid."""
+    import random
+
+    from repro.fuzz import draw_program
+
+    drawn = [draw_program(random.Random(n)) for n in range(300)]
+    for program in drawn:
+        config, ops = program["config"], program["ops"]
+        if config["prefix_caching"]:
+            assert not config["tables_in_graph"] and not config["window"]
+            sleeps = [i for i, op in enumerate(ops) if op[0] == "sleep"]
+            before = [[op for op in ops[:i] if op[0] != "reload"][-1] for i in sleeps]
+            assert sleeps and all(op[0] == "generate" for op in before)
+        else:
+            assert all(op[0] != "generate" for op in ops)
+        if not config["derived"]:
+            assert all(op[0] != "reload" for op in ops)
+        plain = {k: v for k, v in config.items() if k not in ("prefix_caching", "derived")}
+        kept = [op[:3] if op[0] == "step" else op for op in ops]
+        kept = [op for op in kept if op[0] not in ("generate", "reload")]
+        assert invalid({"config": plain, "ops": kept}) is None
+    configs = [p["config"] for p in drawn]
+    assert {(c["prefix_caching"], c["derived"]) for c in configs} == {
+        (p, d) for p in (False, True) for d in (False, True)
+    }
+    ops = [op for p in drawn for op in p["ops"]]
+    assert any(op[0] == "reload" for op in ops) and any(op[0] == "generate" for op in ops)
+    guided = [op for op in ops if op[0] == "step" and len(op) == 4]
+    assert any(len(op[3]) < len(op[1]) for op in guided), "guided rows beside free ones"
+    assert any(len(op[3]) == len(op[1]) > 1 for op in guided), "every row guided"
+    assert any([g[0] for g in op[3]] != sorted(g[0] for g in op[3]) for op in guided)
+
+
+def test_new_configs_and_operations_are_checked() -> None:
+    tables = {**CONFIG, "prefix_caching": True, "tables_in_graph": True}
+    assert "prefix caching" in invalid({"config": tables, "ops": []})
+    window = {**CONFIG, "prefix_caching": True, "window": 8}
+    assert "prefix caching" in invalid({"config": window, "ops": []})
+    program = {
+        "config": {**CONFIG, "prefix_caching": True, "derived": True},
+        "ops": [
+            ["capture"],
+            ["generate", 20, 3],
+            ["sleep", 2],
+            ["wake", None],
+            ["generate", 20, 3],
+            ["reload", 4],
+            ["step", [[0, 1, 3], [0, 2, 0, 4]], 0, [[1, 3, 2]]],
+        ],
+    }
+    assert invalid(json.loads(json.dumps(program))) is None
+    assert "needs prefix caching" in invalid(
+        {"config": {**program["config"], "prefix_caching": False}, "ops": program["ops"]}
+    )
 
 
 def test_reader_configs_are_checked() -> None:

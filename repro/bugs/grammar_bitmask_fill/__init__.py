@@ -93,10 +93,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: the fuzzer's programs have no guided request (no grammar, no "
-        "scheduler bitmask passed to execute_model), so no batch mixes guided and free rows"
-    ),
     anchors=(
         (
             FILL,

@@ -69,12 +69,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: found by seeds 1, 3 and 4 within 180 s on the CPU (22, 128, 58 s), "
-        "seeds 0 and 2 not in 181 s (2026-11-27, a loaded 2-CPU machine): programs draw the "
-        "reordering backend (config reorder) and restricted requests, but a mixed step rarely "
-        "holds a decode behind a prefill, the only batch the reorder swaps"
-    ),
     anchors=(
         (
             PART,

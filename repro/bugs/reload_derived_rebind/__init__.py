@@ -86,11 +86,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: the programs have no weight reload (a new checkpoint) and no "
-        "ModelConfig.derived_weights, so no graph is replayed after post-load processing ran "
-        "again"
-    ),
     anchors=(
         (
             PART,

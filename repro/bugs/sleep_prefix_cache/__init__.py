@@ -69,10 +69,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: prefix caching (RunnerConfig enable_prefix_caching) with a prompt "
-        "served again across a sleep is no program configuration"
-    ),
     anchors=(
         (
             PART,
