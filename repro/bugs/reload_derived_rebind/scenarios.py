@@ -13,13 +13,12 @@ from harness.oracle import close, expect_all, mismatch
 from harness.record import Context
 from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
-from harness.runner.input_batch import Request
 from harness.runner.model import ModelConfig
 from harness.runner.model_runner import ModelRunner, runner_config
 from harness.runner.post_load import derive
 from harness.runner.worker import Worker
+from repro.bugs.level2_sleep_state.scenarios import _step  # the same steps
 
-PROMPTS = ([1, 2, 3], [7])  # 4 tokens, 2 requests: the FULL graph of 4, padded by requests
 NEW_CHECKPOINT = 1  # the trainer's update: weights seeded 1 (the load's are seeded 0)
 
 
@@ -44,17 +43,6 @@ CYCLES: tuple[tuple[str, Callable[[Worker], None]], ...] = (
     ("sleep(2) -> wake_up()", _sleep(2, None)),
     ("sleep(2) -> wake_up([weights]) -> wake_up([kv_cache])", _sleep(2, ["weights"], ["kv_cache"])),
 )
-
-
-def _step(runner: ModelRunner, graph: bool) -> tuple[list[Request], torch.Tensor]:
-    """PROMPTS prefilled as new requests in rows 0 and 1 (a replay of the FULL graph of 4 when
-    `graph`, else eagerly), then finished; the requests and a copy of their logits."""
-    kv, requests = runner.kv_cache, [Request(f"req{r}", tuple(p)) for r, p in enumerate(PROMPTS)]
-    out = runner.execute_model(requests, use_cudagraph=graph)
-    assert (out.desc is not None) == graph, f"trigger not reached: graph {out.desc}"
-    for row in range(len(requests)):
-        kv.free(row)
-    return requests, out.logits.clone()
 
 
 def _check(runner: ModelRunner, label: str, captured: dict[str, torch.Tensor]) -> list:
