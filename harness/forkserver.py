@@ -19,7 +19,9 @@ a check, and of its confirming run, finds a CUDA context made; a matrix finds it
 ahead of it): forked in the environment of the newest request (at start, the server's own), a
 spare creates its CUDA context and waits; a request
 with that same environment and GPU takes it (its clock starts then), any other request gets a
-fresh fork. The context is made before any project module is imported and nothing is
+fresh fork, as does a scenario of ranks: its coordinator forks each rank, which a CUDA context
+would forbid (harness.ranks would spawn them: an interpreter that imports torch per rank, seconds
+on a GPU machine). The context is made before any project module is imported and nothing is
 allocated, so a spare runs a scenario as a fresh child would.
 
 Protocol: JSON lines over each connection; stdout and stderr are only a log, so a library that
@@ -424,6 +426,8 @@ class _Server:
         """(pid, pidfd) of the spare that now runs `message`, the oldest (its context the likeliest
         made); (None, None) when none fits."""
         request = message["request"]
+        if request["spec"].get("ranks", 1) > 1:  # its ranks are forks of it (harness.ranks):
+            return None, None  # a spare's context would make each an interpreter of its own
         pool = (self.spares or {}).get(request.get("gpu"), [])
         while pool:
             spare = pool.pop(0)

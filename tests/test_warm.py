@@ -110,8 +110,9 @@ def _children(pid: int) -> set[int]:
 def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tmp_path) -> None:
     """A warm cuda server keeps SPARES spares (CUDA context made, no project imported), made in
     its own environment from its start; a request with the same environment and
-    GPU runs in one, any other gets a fresh fork and the pool is made again in its environment.
-    Here without a GPU the children say so (skipped)."""
+    GPU runs in one, any other gets a fresh fork and the pool is made again in its environment;
+    a scenario of ranks gets a fresh fork (it forks its ranks: no CUDA context may exist). Here
+    without a GPU the children say so (skipped)."""
     with UserDirectory.open() as directory:
         servers.start_warm("cuda", 120.0, directory)
     client = procs.wait_until(lambda: connect("cuda"), 120.0, 0.2)
@@ -124,10 +125,12 @@ def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tm
         found = _children(client.pid)
         return found if len(found) == forkserver.SPARES else None
 
-    def run(rid: int, env: dict) -> tuple[int, dict]:
+    def run(rid: int, env: dict, ranks: int = 1) -> tuple[int, dict]:
         directory = tmp_path / f"job-{rid}"
         directory.mkdir()
         request = {**job.request(directory), "env": env, "gpu": None}
+        if ranks > 1:
+            request["spec"]["ranks"] = ranks
         assert client.send({"id": rid, "root": str(procs.ROOT), "request": request})
         pid, returncode = None, None
         while returncode is None:
@@ -150,6 +153,10 @@ def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tm
         assert second["status"] == first["status"]
         renewed = procs.wait_until(lambda: (found := pool()) and not found & again and found)
         assert renewed, "the spares of the old environment stay, or none of the new are made"
+        # a scenario of ranks forks its ranks: it needs a child with no CUDA context
+        ranked_pid, ranked = run(3, {**env, "REPRO_TEST_OTHER": "1"}, ranks=2)
+        assert ranked_pid not in renewed, "a scenario of ranks ran in a spare (a CUDA context)"
+        assert ranked["status"] == first["status"]
     finally:
         client.send({"stop": True})
         client.sock.close()
