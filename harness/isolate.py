@@ -172,6 +172,7 @@ class _Run:
     exited: bool = False  # forked: the child is gone, its server has yet to report it
     timed_out: bool = False  # past its limit: asked for its stacks, then killed
     killed: bool = False
+    cut: str = ""  # stopped unfinished (run_all's `until` named why): its result is `skipped`
 
 
 class Isolator:
@@ -270,14 +271,18 @@ class Isolator:
         on_result: Callable[[Result], None] | None = None,
         stop_on_failure: bool = False,
         then: Callable[[Result], Job | None] | None = None,
+        until: Callable[[], str] | None = None,
     ) -> list[Result]:
         """Run jobs, at most `workers` at once; results in job order, `on_result` sees each
         as it ends. `stop_on_failure`: after the first failure, start nothing more (the jobs
         not started are `skipped`). `then`: a job to run after a result (None: none), started
         before any job still waiting; its result follows the given jobs', in the order they were
-        asked for. Raises Interrupted on Ctrl-C, after killing everything it started."""
+        asked for. `until`: asked after each result; once it names a reason, nothing more
+        starts and the runs in flight are killed, each of those `skipped` with that reason (a
+        check whose verdict is settled). Raises Interrupted on Ctrl-C, after killing everything
+        it started."""
         batch = _Batch(self, list(jobs), max(1, workers or os.cpu_count() or 1), on_result)
-        batch.stop_on_failure, batch.then = stop_on_failure, then
+        batch.stop_on_failure, batch.then, batch.until = stop_on_failure, then, until
         try:
             return batch.run()
         except KeyboardInterrupt:
@@ -296,20 +301,38 @@ class _Batch:
 
     stop_on_failure = False
     then: Callable[[Result], Job | None] | None = None
+    until: Callable[[], str] | None = None
 
     def run(self) -> list[Result]:
         while self.pending or self.running:
             if self.stop_on_failure and any(r.outcome.is_failure for r in self.results.values()):
-                for i in self.pending:
-                    why = "not run: an earlier scenario failed (--fail-fast)"
-                    self.results[i] = Result(self.jobs[i], Outcome.SKIPPED, why, 0.0)
-                self.pending.clear()
+                self._skip_pending("not run: an earlier scenario failed (--fail-fast)")
+            why = self.until() if self.until else ""
+            if why:
+                self._skip_pending(f"not run: {why}")
+                for run in self.running:
+                    self._cut(run, why)
             while self.pending and self._fits(self.jobs[self.pending[0]]):
                 self._start(self.pending.popleft())
             if self.running:
                 self._wait()
                 self._enforce_deadlines()
         return [self.results[i] for i in range(len(self.jobs))]
+
+    def _skip_pending(self, why: str) -> None:
+        for i in self.pending:
+            self.results[i] = Result(self.jobs[i], Outcome.SKIPPED, why, 0.0)
+        self.pending.clear()
+
+    def _cut(self, run: _Run, why: str) -> None:
+        """Stop a run in flight, unfinished (its result: skipped); a fork not yet answered by
+        its server is killed once its pid comes."""
+        if run.cut:
+            return
+        run.cut = f"not finished: {why}"
+        if run.pid is not None:
+            lifetime.kill_group(run.pid)
+            run.killed, run.deadline = True, time.monotonic() + REAP_AFTER_KILL_S
 
     def _weight(self, job: Job) -> int:
         """The processes a job runs at once: a run of ranks counts each rank (a rank on a GPU
@@ -432,6 +455,9 @@ class _Batch:
             elif run is not None and "pid" in message:
                 run.pid, run.deadline = message["pid"], time.monotonic() + run.job.limit_s
                 self._watch(run)
+                if run.cut:
+                    run.cut = ""
+                    self._cut(run, self.until() if self.until else "stopped")
             elif run is not None and "returncode" in message:
                 self._finish(run, message["returncode"])
             elif run is not None and "refused" in message:
@@ -467,6 +493,8 @@ class _Batch:
             elif run.exited:
                 why = f"did not report its child's exit within {REPORT_AFTER_EXIT_S:.0f}s"
                 self._server_died(run.server, why)
+            elif run.cut:  # killed by _cut, its exit never seen
+                self._done(run, Outcome.SKIPPED, f"{run.cut} (killed, then never reaped)")
             elif not run.timed_out:  # where it hangs, for the evidence (harness.child)
                 run.timed_out, run.deadline = True, now + DUMP_BEFORE_KILL_S
                 if not run.job.sanitizer:
@@ -513,6 +541,9 @@ class _Batch:
     # -- results --------------------------------------------------------------------------------
 
     def _finish(self, run: _Run, returncode: int) -> None:
+        if run.cut:  # whatever it wrote before it was stopped does not count
+            self._done(run, Outcome.SKIPPED, run.cut)
+            return
         log, report = run.directory / "output.log", run.directory / "report.json"
         text = log.read_text(errors="replace") if log.exists() else ""
         code = None if run.timed_out else returncode

@@ -308,7 +308,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 again = {} if args.no_confirm else _by_job(isolator.run_all(failed))
             else:  # a failure's confirming run starts as soon as it failed (one at a time)
                 confirm = None if args.no_confirm else _Confirm(lambda r, a: find(r, a).counted)
-                ran = isolator.run_all(p.jobs, then=confirm)
+                ran = isolator.run_all(p.jobs, then=confirm, until=confirm and confirm.stop)
                 first, again = ran[: len(p.jobs)], _by_job(ran[len(p.jobs) :])
         except Interrupted:
             print(f"{p.label}: cannot test: interrupted")
@@ -340,8 +340,10 @@ class _Confirm:
     """One failure at a time gets a confirming run (the same job again, its own child), as soon
     as it failed; once one confirmation counts, the verdict is settled (exit 1) and the other
     failures stay unconfirmed. A confirmation that does not count (flaky, or under --symptom an
-    undocumented class) hands over to the next failure. A GPU queues its contexts' work, so each
-    run saved is a run's device time off the check."""
+    undocumented class) hands over to the next failure. Once settled, the scenarios still
+    running are stopped and those waiting never start (`skipped`, the reason given): a GPU
+    queues its contexts' work, two CPUs run two children at once, so each run saved is time off
+    the check. `repro matrix` runs every scenario to its end."""
 
     def __init__(self, counts: Callable[[Result, Result], bool]) -> None:
         self.counts = counts
@@ -369,6 +371,14 @@ class _Confirm:
     def _next(self) -> Job | None:
         self.in_flight = self.waiting.popleft() if self.waiting else None
         return self.in_flight
+
+    def stop(self) -> str:
+        """Why the rest need not run: exit 1 is settled, whatever they would show (a confirmed
+        failure outranks every other result), and on a GPU or two CPUs they queue ahead of
+        nothing the verdict needs."""
+        if not self.settled_by:
+            return ""
+        return f"the verdict was settled by {self.settled_by} (failed twice)"
 
 
 def _by_job(results: list[Result]) -> dict[Job, Result]:

@@ -91,6 +91,20 @@ def test_a_follow_up_starts_before_the_waiting_jobs_and_reads_after_them(isolato
     assert results[-1].outcome == Outcome.ILLEGAL_ADDRESS
 
 
+def test_until_stops_the_runs_in_flight_and_starts_no_more(isolator) -> None:
+    """A check whose verdict is settled: once `until` names a reason, the run in flight is
+    killed and the waiting ones never start, each `skipped` with that reason; none outlives."""
+    names = ["wrong", "hangs", "passes", "passes"]
+    seen: list = []
+    why = lambda: "settled" if any(r.job.scenario == "wrong" for r in seen) else ""
+    t0 = time.monotonic()
+    results = isolator.run_all([job(n) for n in names], workers=2, on_result=seen.append, until=why)
+    assert time.monotonic() - t0 < 30, "the hanging run was not stopped"
+    assert [r.outcome for r in results] == [Outcome.WRONG_RESULT, *[Outcome.SKIPPED] * 3]
+    assert results[1].evidence == "not finished: settled"
+    assert [r.evidence for r in results[2:]] == ["not run: settled"] * 2
+
+
 def test_a_run_of_ranks_takes_a_worker_per_rank() -> None:
     """--jobs counts processes: a run of N ranks holds N workers (each rank on a GPU holds a
     CUDA context), and a run larger than the workers runs alone."""
