@@ -25,6 +25,19 @@ from kernels.block_table import compute_slot_mappings, gather_block_tables
 TAG = "kv_cache"
 
 
+def row_width(max_model_len: int, kv_block_size: int) -> int:
+    """A request row's width in KV-manager blocks of `kv_block_size` tokens: max_model_len's
+    blocks, rounded up to a multiple of 128 tokens where a block is at most 128 (upstream:
+    MultiGroupBlockTable and Model Runner V2's BlockTables since vLLM #39324, for attention
+    backends that need it). Columns past max_model_len's blocks are never a request's: they
+    stay 0."""
+    blocks = triton.cdiv(max_model_len, kv_block_size)
+    if kv_block_size <= 128:
+        multiple = 128 // kv_block_size
+        blocks = triton.cdiv(blocks, multiple) * multiple
+    return blocks
+
+
 def run_now(fn, *args, **kwargs) -> None:
     """Run device work at once (the default for a `launch` argument)."""
     fn(*args, **kwargs)
@@ -44,7 +57,10 @@ class BlockTables:
         self.blocks_per_kv_block = list(blocks_per_kv_block) or [1] * len(self.block_sizes)
         self.max_num_tokens = max_num_tokens
         self.pools = pools
-        self.max_num_blocks = [triton.cdiv(max_model_len, size) for size in self.block_sizes]
+        self.max_num_blocks = [
+            row_width(max_model_len, size * per) * per  # in kernel blocks
+            for size, per in zip(self.block_sizes, self.blocks_per_kv_block, strict=True)
+        ]
         num_groups, i32 = len(self.block_sizes), torch.int32
         # NOTE: stable storage: the layout tensors below hold these tables' addresses
         self.block_tables = [pools.zeros(TAG, (max_num_reqs, n), i32) for n in self.max_num_blocks]
