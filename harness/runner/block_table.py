@@ -10,6 +10,10 @@ they are.
 The tables are in kernel blocks: a group whose attention kernel takes blocks smaller than the KV
 manager's (`blocks_per_kv_block` > 1) gets each manager block expanded into its kernel blocks
 (vLLM #24486; Model Runner V2: #38831), and slot mappings are computed in kernel blocks.
+
+A row is max_model_len's blocks rounded up to 128 tokens (vLLM #39324, for attention backends
+that need a multiple of 128 / block_size columns): its columns past max_model_len's blocks are
+never written, 0.
 """
 
 from __future__ import annotations

@@ -48,7 +48,9 @@ def lookahead_past_allocation(ctx: Context) -> str:
     Then a third episode (`_late_join`): B joins in a step replayed in a FULL graph, after an
     eager step without its row, in X's old row; and a fourth (`_no_prefix_caching`): prefix
     caching off, a pool the first step takes whole, so D takes X's freed blocks and B, in X's
-    old row, writes through its stale entries into D's context.
+    old row, writes through its stale entries into D's context; and a fifth (`_at_max_model_len`):
+    a sequence of max_model_len - k beside a running request, where the drafter must not run
+    (its query block would end at position max_model_len, past any allocation).
 
     Fixed: each step allocates k + 1 lookahead slots past the step's tokens, the first step's
     too: every position the drafter writes is in a block of its own request; D's drafts read
@@ -114,13 +116,15 @@ def _at_max_model_len(ctx: Context) -> list[str | None]:
     each group: V (row 0, 1 token) runs a step alone and takes block 0. Then V decodes beside
     L (row 1, 23 tokens: max_model_len 24 - k), then L finishes and V decodes once more. Every
     step's target logits vs the reference, V's draft logits in its steps alone. Rows are 32
-    blocks wide (max_model_len's 6 rounded up to 128 tokens, as upstream's): entries past 6
-    are never a request's and stay 0, block 0, V's here. L's step drafts nothing (23 + 2 >
-    24); a guard that counts k positions, not k + 1, lets it draft: its last mask token, at
-    position 24, goes through row 1's column 6 into V's block 0 (V's position 0), and V's next
-    drafts read it. (Upstream's entry 0 there is the null block; where max_model_len is a
-    multiple of 128 tokens the row has no spare column and the kernels' unchecked row
-    arithmetic reads the next row's first block.)"""
+    blocks wide (max_model_len's 6 rounded up to 128 tokens, as upstream's since vLLM #39324):
+    the entries past 6 are never a request's and stay 0, block 0, V's here. L's step drafts
+    nothing (23 + k + 1 > 24); a guard that counts k positions, not k + 1, lets it draft: its
+    mask token at position 24 goes through row 1's column 6 into V's block 0 (V's position 0),
+    and V's next drafts read it: wrong_result on both devices (an in-bounds column of a real
+    block; with rows of max_model_len's blocks alone the lookup would index past the row: an
+    IndexError on the CPU, a device assert on a GPU). (Upstream's entry 0 is the null block;
+    where max_model_len is a multiple of 128 tokens a row has no spare column, and the slot
+    kernels' unchecked row offsets read the next row's first block.)"""
     label, k = AT_LIMIT, 1
     runner = _runner(ctx, k, CUDAGraphMode.NONE, blocks=14, caching=False)
     kv = runner.kv_cache
