@@ -113,7 +113,7 @@ AT_LIMIT = "one draft, a sequence of max_model_len - 1 beside a running request"
 def _at_max_model_len(ctx: Context) -> list[str | None]:
     """The drafter's max_model_len guard: a batch drafts only if each sequence plus its query
     block (k + 1 positions) fits in max_model_len. Prefix caching off, a pool of 14 blocks of
-    each group: V (row 0, 1 token) runs a step alone and takes block 0. Then V decodes beside
+    each group: V (row 0, 2 tokens) runs a step alone and takes block 0. Then V decodes beside
     L (row 1, 23 tokens: max_model_len 24 - k), then L finishes and V decodes once more. Every
     step's target logits vs the reference, V's draft logits in its steps alone. Rows are 32
     blocks wide (max_model_len's 6 rounded up to 128 tokens, as upstream's since vLLM #39324):
@@ -128,11 +128,11 @@ def _at_max_model_len(ctx: Context) -> list[str | None]:
     label, k = AT_LIMIT, 1
     runner = _runner(ctx, k, CUDAGraphMode.NONE, blocks=14, caching=False)
     kv = runner.kv_cache
-    seqs, starts = {0: [50]}, {0: 0}
+    seqs, starts = {0: [50, 51]}, {0: 0}
     problems = _step(runner, label, "V's first", seqs, starts, k)
     table = kv.block_tables.block_tables[0]
     assert kv.blocks[0][0] == [0], f"trigger not reached ({label}): V holds {kv.blocks[0][0]}"
-    seqs[1], starts = list(range(33, 56)), {0: 1, 1: 0}
+    seqs[1], starts = list(range(33, 56)), {0: 2, 1: 0}
     problems += _step(runner, label, "L's first, 23 tokens", seqs, starts, k, drafts=False)
     past = table[1, 6:].tolist()  # the columns past max_model_len's 6 blocks
     assert past[:1] == [0], f"trigger not reached ({label}): row 1 past its 6 blocks: {past}"
