@@ -172,13 +172,15 @@ STATES = (
     "a request guided, then free in the same mask",
     # a drafter's lookahead slots (lookahead.py): a request's sequence ending at a block
     # boundary and just before one, a new request with a prefix hit, and a running request
-    # whose blocks came from the prefix cache (a shared prefix)
+    # whose blocks came from the prefix cache (a shared prefix); a sequence whose query block
+    # would end at max_model_len, beside a running request
     "sequence ends at a block boundary",
     "sequence ends just before a block boundary",
     "new request with a prefix hit",
     "running request on prefix-cache blocks",
     "a request joining in a replayed graph step",
     "blocks reused without prefix caching",
+    "sequence at max_model_len - k beside a running request",
 )
 
 

@@ -9,6 +9,7 @@ import torch
 from harness.fixes import ALL_FIXES, Fix
 from harness.outcome import WrongResult
 from harness.record import Context
+from harness.runner.block_table import row_width
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.input_batch import Request
 from harness.runner.kv_cache import KVCache
@@ -70,6 +71,33 @@ def test_a_row_past_its_allocation_names_its_last_tenants_blocks(device) -> None
     kv.ensure_blocks(1, 3, (7, 8, 9))
     row = kv.block_tables.block_tables[0][1, :3].tolist()
     assert row[1:] == old[1:3] and row[0] == kv.blocks[1][0][0]
+
+
+def test_rows_reach_past_max_model_len_and_the_drafter_stops_short_of_it(device) -> None:
+    """Rows round max_model_len's blocks up to 128 tokens (upstream's since vLLM #39324): the
+    columns past them are no request's, 0. A batch drafts only where every sequence's query
+    block (k + 1 positions past it) ends within max_model_len."""
+    assert [row_width(n, 4) for n in (12, 128, 129)] == [32, 32, 64]
+    assert row_width(9416, 32) == 296 and row_width(100, 256) == 1  # #39324's 295 blocks
+    assert _kv(device).block_tables.block_tables[0].shape == (2, 32)
+    runner = ModelRunner(
+        runner_config(
+            device,
+            ALL_FIXES,
+            enable_lora=False,
+            cudagraph_mode=CUDAGraphMode.NONE,
+            block_sizes=(4, 4),
+            num_kv_blocks=16,
+            max_num_reqs=1,
+            max_num_tokens=16,
+            max_model_len=16,
+            num_speculative_tokens=1,
+            parallel_drafting=True,
+        )
+    )
+    assert runner.execute_model([Request("A", tuple(range(1, 15)))]).drafts is not None
+    runner.kv_cache.free(0)
+    assert runner.execute_model([Request("L", tuple(range(1, 16)))]).drafts is None  # 15 + 2
 
 
 @pytest.mark.parametrize("fixes", VARIANTS, ids=IDS)

@@ -351,7 +351,7 @@ REQUIRED_AXES = {
     },
     # a drafter's lookahead slots (issue 44): sequences ending at and before a block boundary,
     # one and several drafts, a new request with a prefix hit and one without, its victim on
-    # shared prefix blocks, the target eager and replayed
+    # shared prefix blocks, the target eager and replayed, a sequence at max_model_len - k
     "draft_lookahead_alloc": {
         "graph_modes": {"NONE", "FULL"},
         "states": {
@@ -363,6 +363,7 @@ REQUIRED_AXES = {
             "running request on prefix-cache blocks",
             "a request joining in a replayed graph step",
             "blocks reused without prefix caching",
+            "sequence at max_model_len - k beside a running request",
         },
     },
 }

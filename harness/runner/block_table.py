@@ -10,6 +10,10 @@ they are.
 The tables are in kernel blocks: a group whose attention kernel takes blocks smaller than the KV
 manager's (`blocks_per_kv_block` > 1) gets each manager block expanded into its kernel blocks
 (vLLM #24486; Model Runner V2: #38831), and slot mappings are computed in kernel blocks.
+
+A row is max_model_len's blocks rounded up to 128 tokens (vLLM #39324, for attention backends
+that need a multiple of 128 / block_size columns): its columns past max_model_len's blocks are
+never written, 0.
 """
 
 from __future__ import annotations
@@ -23,6 +27,19 @@ from harness.runner.sleep_mode import TaggedPools
 from kernels.block_table import compute_slot_mappings, gather_block_tables
 
 TAG = "kv_cache"
+
+
+def row_width(max_model_len: int, kv_block_size: int) -> int:
+    """A request row's width in KV-manager blocks of `kv_block_size` tokens: max_model_len's
+    blocks, rounded up to a multiple of 128 tokens where a block is at most 128 (upstream:
+    MultiGroupBlockTable and Model Runner V2's BlockTables since vLLM #39324, for attention
+    backends that need it). Columns past max_model_len's blocks are never a request's: they
+    stay 0."""
+    blocks = triton.cdiv(max_model_len, kv_block_size)
+    if kv_block_size <= 128:
+        multiple = 128 // kv_block_size
+        blocks = triton.cdiv(blocks, multiple) * multiple
+    return blocks
 
 
 def run_now(fn, *args, **kwargs) -> None:
@@ -44,7 +61,10 @@ class BlockTables:
         self.blocks_per_kv_block = list(blocks_per_kv_block) or [1] * len(self.block_sizes)
         self.max_num_tokens = max_num_tokens
         self.pools = pools
-        self.max_num_blocks = [triton.cdiv(max_model_len, size) for size in self.block_sizes]
+        self.max_num_blocks = [
+            row_width(max_model_len, size * per) * per  # in kernel blocks
+            for size, per in zip(self.block_sizes, self.blocks_per_kv_block, strict=True)
+        ]
         num_groups, i32 = len(self.block_sizes), torch.int32
         # NOTE: stable storage: the layout tensors below hold these tables' addresses
         self.block_tables = [pools.zeros(TAG, (max_num_reqs, n), i32) for n in self.max_num_blocks]

@@ -11,7 +11,9 @@ draft j scores the sum plus mask token j's value through the LM head). Each posi
 comes from the request's row of the block table. A row is written up to the request's
 allocation: its entries past it keep an earlier tenant's block ids (or 0), so a position past
 the allocation writes into a block another request may hold, or a prefix-cache entry a later
-request hits.
+request hits. Columns past max_model_len's blocks (rows are rounded up to 128 tokens) are no
+request's: they hold 0, block 0, a pool block here. The drafter runs only where every
+sequence's query block ends within max_model_len.
 
 The scheduler's lookahead: k + 1 slots past the step's tokens, on every step (fix parts
 `draft_lookahead_bonus_slot`, vLLM #42971: DFlash's query block is the bonus token and k mask

@@ -33,12 +33,18 @@ FIDELITY = Fidelity(
         "#43733's description and review diff (DFlash needs an extra lookahead slot; #22317 "
         "overrode the lookahead when scheduling prefills, a request with num_computed_tokens "
         "0; the override limited to P/D's asynchronous KV loads); #41971 (open, the same "
-        "first-prefill allocation)"
+        "first-prefill allocation); for the row width: #39324 (merged, 2026-04: a block "
+        "table's max_num_blocks rounded up to a multiple of 128 / block_size where the block "
+        "is at most 128 tokens, as TRTLLM and CUTLASS MLA need), read in "
+        "vllm/v1/worker/block_table.py (MultiGroupBlockTable) and in its review diff of "
+        "vllm/v1/worker/gpu/block_table.py (Model Runner V2); block 0 is BlockPool's null "
+        "block (vllm/v1/core/block_pool.py)"
     ),
     not_verified=(
         "the diffs line by line; which stale entries upstream's writes went through (here the "
         "request row's entries past its allocation keep an earlier tenant's block ids); #22317 "
-        "itself"
+        "itself; Model Runner V2's block_table.py as merged with #39324 (its stored versions "
+        "read predate it: cdiv(max_model_len, block_size) columns)"
     ),
     what=(
         "the drafter is a toy: its KV of a token is the token's embedding, mask tokens a "
@@ -48,7 +54,14 @@ FIDELITY = Fidelity(
         "verification); here the victims' draft logits (the drafter's scores) are compared "
         "with the drafter's on their own tokens: wrong_result (a draft token itself changes "
         "only where the corruption moves an argmax). The runner's prefix cache has no "
-        "reference counts: the victim holds the cached blocks it hit"
+        "reference counts: the victim holds the cached blocks it hit. Rows are upstream's "
+        "width (max_model_len rounded up to 128 tokens, #39324): the columns past "
+        "max_model_len's blocks are never a request's and hold 0, which here is a pool block a "
+        "request may hold (no null block outside a sliding window): a drafter guard off by one "
+        "writes position max_model_len into a running request's block (the fifth episode); "
+        "upstream's would write into the null block, or, where max_model_len is a multiple of "
+        "128 tokens (no spare column), into the next row's first block through the slot "
+        "kernels' unchecked row offsets"
     ),
 )
 
@@ -93,6 +106,7 @@ RECORD = BugRecord(
                     "running request on prefix-cache blocks",
                     "a request joining in a replayed graph step",
                     "blocks reused without prefix caching",
+                    "sequence at max_model_len - k beside a running request",
                 ),
             ),
             signature="request D's draft logits vs reference: \\d+/\\d+ differ",

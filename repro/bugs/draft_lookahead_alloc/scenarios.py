@@ -48,7 +48,9 @@ def lookahead_past_allocation(ctx: Context) -> str:
     Then a third episode (`_late_join`): B joins in a step replayed in a FULL graph, after an
     eager step without its row, in X's old row; and a fourth (`_no_prefix_caching`): prefix
     caching off, a pool the first step takes whole, so D takes X's freed blocks and B, in X's
-    old row, writes through its stale entries into D's context.
+    old row, writes through its stale entries into D's context; and a fifth (`_at_max_model_len`):
+    a sequence of max_model_len - k beside a running request, where the drafter must not run
+    (its query block would end at position max_model_len, past any allocation).
 
     Fixed: each step allocates k + 1 lookahead slots past the step's tokens, the first step's
     too: every position the drafter writes is in a block of its own request; D's drafts read
@@ -69,8 +71,9 @@ def lookahead_past_allocation(ctx: Context) -> str:
         problems += _episode(ctx, label, k, mode, prompt)
     problems += _late_join(ctx)
     problems += _no_prefix_caching(ctx)
+    problems += _at_max_model_len(ctx)
     expect_all(problems)
-    labels = "; ".join([*(e[0] for e in EPISODES), LATE, UNCACHED])
+    labels = "; ".join([*(e[0] for e in EPISODES), LATE, UNCACHED, AT_LIMIT])
     return f"{labels}: every step's drafts as the reference"
 
 
@@ -101,6 +104,41 @@ def _no_prefix_caching(ctx: Context) -> list[str | None]:
     for step in ("D and B's first", "decode 1", "decode 2"):
         problems += _step(runner, label, step, seqs, starts, k)
         starts = {r: len(seq) - 1 for r, seq in seqs.items()}
+    return problems
+
+
+AT_LIMIT = "one draft, a sequence of max_model_len - 1 beside a running request"
+
+
+def _at_max_model_len(ctx: Context) -> list[str | None]:
+    """The drafter's max_model_len guard: a batch drafts only if each sequence plus its query
+    block (k + 1 positions) fits in max_model_len. Prefix caching off, a pool of 14 blocks of
+    each group: V (row 0, 2 tokens) runs a step alone and takes block 0. Then V decodes beside
+    L (row 1, 23 tokens: max_model_len 24 - k), then L finishes and V decodes once more. Every
+    step's target logits vs the reference, V's draft logits in its steps alone. Rows are 32
+    blocks wide (max_model_len's 6 rounded up to 128 tokens, as upstream's since vLLM #39324):
+    the entries past 6 are never a request's and stay 0, block 0, V's here. L's step drafts
+    nothing (23 + k + 1 > 24); a guard that counts k positions, not k + 1, lets it draft: its
+    mask token at position 24 goes through row 1's column 6 into V's block 0 (V's position 0),
+    and V's next drafts read it: wrong_result on both devices (an in-bounds column of a real
+    block; with rows of max_model_len's blocks alone the lookup would index past the row: an
+    IndexError on the CPU, a device assert on a GPU). (Upstream's entry 0 is the null block;
+    where max_model_len is a multiple of 128 tokens a row has no spare column, and the slot
+    kernels' unchecked row offsets read the next row's first block.)"""
+    label, k = AT_LIMIT, 1
+    runner = _runner(ctx, k, CUDAGraphMode.NONE, blocks=14, caching=False)
+    kv = runner.kv_cache
+    seqs, starts = {0: [50, 51]}, {0: 0}
+    problems = _step(runner, label, "V's first", seqs, starts, k)
+    table = kv.block_tables.block_tables[0]
+    assert kv.blocks[0][0] == [0], f"trigger not reached ({label}): V holds {kv.blocks[0][0]}"
+    seqs[1], starts = list(range(33, 56)), {0: 2, 1: 0}
+    problems += _step(runner, label, "L's first, 23 tokens", seqs, starts, k, drafts=False)
+    past = table[1, 6:].tolist()  # the columns past max_model_len's 6 blocks
+    assert past[:1] == [0], f"trigger not reached ({label}): row 1 past its 6 blocks: {past}"
+    kv.free(1)
+    del seqs[1]
+    problems += _step(runner, label, "V decodes after L", seqs, {0: len(seqs[0]) - 1}, k)
     return problems
 
 
@@ -139,9 +177,12 @@ def _late_join(ctx: Context) -> list[str | None]:
     return problems
 
 
-def _step(runner, label: str, step: str, seqs: dict, starts: dict, k: int) -> list[str | None]:
-    """One step of rows 0..n-1 (each scheduling its tokens from `starts`): the target's and the
-    drafter's logits vs the reference; each row's sequence grows by its greedy token."""
+def _step(
+    runner, label: str, step: str, seqs: dict, starts: dict, k: int, drafts: bool = True
+) -> list[str | None]:
+    """One step of rows 0..n-1 (each scheduling its tokens from `starts`): the target's and
+    (`drafts`: a step the batch drafts in) the drafter's logits vs the reference; each row's
+    sequence grows by its greedy token."""
     rows = sorted(seqs)
     assert rows == list(range(len(rows))), "rows 0..n-1: the batch's row r is request row r"
     out = runner.execute_model(
@@ -152,13 +193,14 @@ def _step(runner, label: str, step: str, seqs: dict, starts: dict, k: int) -> li
     problems = [close(f"{where}: target logits vs reference", out.logits, want)]
     bonus = want.argmax(-1).tolist()
     for r in rows:
-        problems.append(
-            close(
-                f"{where}: row {r}'s draft logits vs reference",
-                runner.drafter.draft_logits[r],
-                draft_reference(runner, seqs[r], bonus[r], k),
+        if drafts:
+            problems.append(
+                close(
+                    f"{where}: row {r}'s draft logits vs reference",
+                    runner.drafter.draft_logits[r],
+                    draft_reference(runner, seqs[r], bonus[r], k),
+                )
             )
-        )
         seqs[r].append(bonus[r])
     return problems
 
