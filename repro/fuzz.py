@@ -214,6 +214,69 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
     _draw_prefix_caching(rng, config, ops)
     _draw_reload(rng, config, ops)
     _draw_guided(rng, ops)
+    _draw_async(rng, config, ops)
+
+
+ASYNC = (0, 0, 0, 1, 2, 3)  # async scheduling in one program in two: steps in flight, at most
+
+
+def _draw_async(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """Async scheduling (one program in two; steps in flight 1 to 3): one to three runs at
+    awake places (before any hot add's batch), each the async engine (not with reorder nor
+    prefix caching) or steps submitted and collected, never more than config async in flight,
+    all collected at its end. With the async sampler a guided step keeps no restricted
+    request. Drawn last: the program's earlier draws stay."""
+    config["async"] = rng.choice(ASYNC)
+    if not config["async"]:
+        return
+    for op in ops:
+        if op[0] == "step" and len(op) == 4:
+            op[1] = [row[:3] for row in op[1]]
+    for _ in range(rng.randint(1, 3)):
+        waiting = [0]  # steps in flight before each operation
+        for op in ops:
+            waiting.append(waiting[-1] + {"submit": 1, "collect": -1}.get(op[0], 0))
+        at = rng.choice([i for i in _awake_places(ops) if not waiting[i]])
+        engine = not config["reorder"] and not config["prefix_caching"] and rng.random() < 0.5
+        ops[at:at] = [_engine(rng)] if engine else _in_flight(rng, config)
+
+
+def _in_flight(rng: random.Random, config: dict) -> list[list]:
+    """Steps submitted and collected (a collect only when a step is in flight, a submit while
+    fewer than config async are): two to six submits, every one collected by the end."""
+    from repro.program import MAX_ALLOWED
+
+    ops, waiting = [], 0
+    for _ in range(rng.randint(2, 6)):
+        while waiting and (waiting == config["async"] or rng.random() < 0.3):
+            ops.append(["collect"])
+            waiting -= 1
+        rows = [[0, *r[1:]] for r in _batch(rng, config, [])]
+        restricted = rng.random() < 0.5  # a step in two restricts some of its requests
+        for row in rows if restricted else ():
+            if rng.random() < 0.5:  # by allowed_token_ids
+                row.append(rng.randint(1, MAX_ALLOWED))
+        ops.append(["submit", rows, rng.randint(0, 99)])
+        waiting += 1
+    return ops + [["collect"]] * waiting
+
+
+def _engine(rng: random.Random) -> list:
+    """The async engine's run: requests (longer prompts more often: a window's frees), two
+    drafts a decode most often, a token budget one time in two, rejected steps."""
+    from repro.program import MAX_DRAFTS, MAX_ENGINE_REQS, MAX_OUTPUT, MAX_PROMPT
+
+    reqs = [
+        [rng.randint(rng.choice((1, 4)), MAX_PROMPT), rng.randint(1, MAX_OUTPUT)]
+        for _ in range(rng.randint(1, MAX_ENGINE_REQS))
+    ]
+    k = rng.choice((0, 1, *[MAX_DRAFTS] * 2))
+    budget = 0
+    if rng.random() < 0.5:
+        least = max(max(n for n, _ in reqs), 1 + k)
+        budget = rng.randint(least, least + 4)
+    rejects = [i for i in range(12) if rng.random() < 0.4]
+    return ["engine", reqs, rng.randint(0, 99), k, budget, rejects]
 
 
 def _draw_guided(rng: random.Random, ops: list[list]) -> None:
