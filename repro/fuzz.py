@@ -266,13 +266,15 @@ def _engine(rng: random.Random) -> list:
     drafts a decode most often, a token budget one time in two, rejected steps."""
     from repro.program import MAX_DRAFTS, MAX_ENGINE_REQS, MAX_OUTPUT, MAX_PROMPT
 
-    reqs = [
-        [rng.randint(rng.choice((1, 4)), MAX_PROMPT), rng.randint(1, MAX_OUTPUT)]
-        for _ in range(rng.randint(1, MAX_ENGINE_REQS))
-    ]
+    budget, max_tokens = rng.random() < 0.5, rng.randint(1, MAX_OUTPUT)
+    count = rng.randint(1, 2 if budget else MAX_ENGINE_REQS)
+    # one max_tokens (the requests finish together; with a budget the second's own): the
+    # engine's rows are its KV rows, which a request skipped before a scheduled one breaks
+    reqs = [[rng.randint(rng.choice((1, 4)), MAX_PROMPT), max_tokens] for _ in range(count)]
+    if budget and count == 2:
+        reqs[1][1] = rng.randint(1, max_tokens)
     k = rng.choice((0, 1, *[MAX_DRAFTS] * 2))
-    budget = 0
-    if rng.random() < 0.5:
+    if budget:
         least = max(max(n for n, _ in reqs), 1 + k)
         budget = rng.randint(least, least + 4)
     rejects = [i for i in range(12) if rng.random() < 0.4]

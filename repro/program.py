@@ -202,6 +202,10 @@ def _poisoned(label: str, out: ModelOutput) -> list[str | None]:
     return found
 
 
+class _Unaligned(Exception):
+    """The async engine scheduled a step whose batch rows are not its requests' KV rows."""
+
+
 class Machine:
     """The worker and what the program did to it (the step's token ids are seeded)."""
 
@@ -424,9 +428,27 @@ class Machine:
             prompt = tuple(torch.randint(0, vocab, (n,), generator=gen).tolist())
             scheduler.add_request(f"e{i}", prompt, max_tokens)
         engine = AsyncEngine(self.runner, scheduler, reject_steps=tuple(rejects))
-        engine.run(max_steps=ENGINE_STEPS)
+        schedule = scheduler.schedule
+
+        def aligned():
+            """The engine's model: a step's batch rows are its requests' KV rows. A running
+            request skipped before one scheduled (its last token in flight, or the budget)
+            breaks it: the run ends, unchecked (the draw rarely makes one)."""
+            plan = schedule()
+            rows = [scheduler.running.index(q) for q in plan.requests]
+            if rows != list(range(len(rows))):
+                raise _Unaligned
+            return plan
+
+        scheduler.schedule = aligned
         self.kv_clean = False
         self.extracted.clear()
+        try:
+            engine.run(max_steps=ENGINE_STEPS)
+        except _Unaligned:
+            for row in list(kv.blocks):
+                kv.free(row)
+            return []
         unfinished = [q.req_id for q in scheduler.waiting + scheduler.running]
         if unfinished:
             return [f"the async engine left {unfinished} unfinished after {ENGINE_STEPS} steps"]
