@@ -215,6 +215,7 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
     _draw_reload(rng, config, ops)
     _draw_guided(rng, ops)
     _draw_async(rng, config, ops)
+    _draw_offload(rng, config, ops)
 
 
 ASYNC = (0, 0, 0, 1, 2, 3)  # async scheduling in one program in two: steps in flight, at most
@@ -233,12 +234,30 @@ def _draw_async(rng: random.Random, config: dict, ops: list[list]) -> None:
         if op[0] == "step" and len(op) == 4:
             op[1] = [row[:3] for row in op[1]]
     for _ in range(rng.randint(1, 3)):
-        waiting = [0]  # steps in flight before each operation
-        for op in ops:
-            waiting.append(waiting[-1] + {"submit": 1, "collect": -1}.get(op[0], 0))
-        at = rng.choice([i for i in _awake_places(ops) if not waiting[i]])
+        at = rng.choice(_idle_places(ops))
         engine = not config["reorder"] and not config["prefix_caching"] and rng.random() < 0.5
         ops[at:at] = [_engine(rng)] if engine else _in_flight(rng, config)
+
+
+def _idle_places(ops: list[list]) -> list[int]:
+    """Awake places (`_awake_places`) with no step in flight."""
+    waiting = [0]  # steps in flight before each operation
+    for op in ops:
+        waiting.append(waiting[-1] + {"submit": 1, "collect": -1}.get(op[0], 0))
+    return [i for i in _awake_places(ops) if not waiting[i]]
+
+
+def _draw_offload(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """A CPU KV tier (one program in three without prefix caching): one or two prompts whose
+    blocks another prompt's step stored, at idle places. Drawn last: the earlier draws stay."""
+    from repro.program import MAX_OFFLOAD_BLOCKS
+
+    config["offload"] = not config["prefix_caching"] and rng.random() < 1 / 3
+    if not config["offload"]:
+        return
+    for _ in range(rng.randint(1, 2)):
+        at = rng.choice(_idle_places(ops))
+        ops[at:at] = [["offload", rng.randint(1, MAX_OFFLOAD_BLOCKS), rng.randint(0, 99)]]
 
 
 def _in_flight(rng: random.Random, config: dict) -> list[list]:

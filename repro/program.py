@@ -52,6 +52,12 @@ attention); operations:
                               end, k drafts per decode, a token budget a step (0: none), every
                               draft of the launched steps `rejects` rejected (a sliding window:
                               config window); each launched step's logits vs the reference
+  ["offload", blocks, seed]   config offload (a CPU KV tier, one block size, the compute stream
+                              late), nothing in flight: the tier emptied, a prompt of `blocks`
+                              whole blocks and a token in row 0 (its blocks stored in the tier
+                              in its step), finished; then a prompt of those blocks and two
+                              tokens more hits the tier (its blocks loaded), its logits vs a
+                              reference that recomputes every position
 """
 
 from __future__ import annotations
@@ -107,6 +113,10 @@ CONFIG = {
     # async scheduling: at most this many steps in flight (submit, collect), and the async
     # engine (0: off; the sampler's copy stream runs late: the order a race loses)
     "async": (0, 1, 2, 3),
+    # a CPU KV tier (kv_offload.py) on blocks of one size (4: the tier needs one), its stores
+    # issued in the step; the compute stream late (the device behind the host): not with
+    # prefix caching
+    "offload": (False, True),
 }
 # keys added since programs were first kept: a program without one holds its first value
 LATER_KEYS = (
@@ -120,11 +130,13 @@ LATER_KEYS = (
     "prefix_caching",
     "derived",
     "async",
+    "offload",
 )
 MAX_MODEL_LEN, MAX_TOKENS, MAX_REQS = 32, 32, 8
 MAX_ALLOWED = 8  # a restricted request's allowed_token_ids, at most
 MAX_MODULUS = 5  # a guided request's toy grammar allows one token id in `modulus`, at least
 BLOCK_SIZES = (4, 16)
+OFFLOAD_BLOCK, OFFLOAD_CPU_BLOCKS, MAX_OFFLOAD_BLOCKS = 4, 256, 6  # the tier's; an op's prompt
 MAX_ENGINE_REQS, MAX_PROMPT, MAX_OUTPUT, MAX_DRAFTS = 3, 8, 6, 2  # an engine op's requests
 ENGINE_STEPS = 64  # the engine's steps at most (its requests finish well before)
 
@@ -138,6 +150,7 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
     config = with_defaults(config)
     flashmla = config["backend"] == "flashmla"
     half = config["kernel_blocks"] == "half"
+    blocks = (OFFLOAD_BLOCK,) * 2 if config["offload"] else BLOCK_SIZES
     return flat_config(
         ctx.device,
         ctx.fixes,
@@ -158,8 +171,8 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
         draft_attention=flashmla and config["draft"],
         max_model_len=MAX_MODEL_LEN,
         tables_in_graph=config["tables_in_graph"],
-        block_sizes=BLOCK_SIZES,
-        kernel_block_sizes=tuple(b // 2 for b in BLOCK_SIZES) if half else (),
+        block_sizes=blocks,
+        kernel_block_sizes=tuple(b // 2 for b in blocks) if half else (),
         sliding_window=config["window"],
         draft_prefill=config["speculator"] != "none",
         draft_graphs=config["speculator"] == "padded",
@@ -168,7 +181,8 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
         reorder_batch=config["reorder"],
         enable_prefix_caching=config["prefix_caching"],
         async_output=config["async"] > 0,
-        stream_delay=config["async"] > 0,
+        stream_delay=config["async"] > 0 or config["offload"],
+        cpu_offload_blocks=OFFLOAD_CPU_BLOCKS if config["offload"] else 0,
     )
 
 
@@ -454,6 +468,39 @@ class Machine:
             return [f"the async engine left {unfinished} unfinished after {ENGINE_STEPS} steps"]
         return engine_problems(self.runner, engine)
 
+    def op_offload(self, blocks: int, token_seed: int) -> list[str | None]:
+        """A prompt's whole blocks stored in the CPU tier by its step, then a prompt sharing
+        them hits the tier: its logits vs the reference that recomputes every position (a
+        block stored before the step wrote it holds other bytes)."""
+        tier, kv = self.runner.offload, self.runner.kv_cache
+        tier.finish_stores()  # the tier emptied: what earlier programs' steps stored goes
+        tier.cached.clear()
+        tier.known.clear()
+        tier.free_blocks = list(range(OFFLOAD_CPU_BLOCKS))[::-1]
+        gen = torch.Generator().manual_seed(token_seed)
+        vocab = self.runner.model.config.vocab_size
+        first = torch.randint(0, vocab, (blocks * OFFLOAD_BLOCK + 3,), generator=gen).tolist()
+        prompt = first[: blocks * OFFLOAD_BLOCK + 1]
+        shared = first[: blocks * OFFLOAD_BLOCK] + first[-2:]
+        kv.free(0)
+        tier.get_computed_blocks(0, prompt)
+        self.execute([Request("a", tuple(prompt))])
+        kv.free(0)
+        hit = tier.get_computed_blocks(0, shared)
+        out = self.execute([Request("c", tuple(shared[hit:]), 0, hit)])
+        logits = out.logits.clone()
+        kv.free(0)
+        self.kv_clean = False
+        self.extracted.clear()
+        return [
+            close(
+                f"a prompt's logits after {hit} tokens from the CPU tier (of {blocks} blocks "
+                "another prompt's step stored) vs recomputed reference",
+                logits,
+                recomputed_logits(self.runner, [shared]),
+            )
+        ]
+
     def op_step(self, rows: list[list[int]], token_seed: int, *guided) -> list[str | None]:
         self.last_step = (rows, token_seed, *guided)
         vocab = self.runner.model.config.vocab_size
@@ -589,6 +636,8 @@ def invalid(program: dict) -> str | None:
         return "the learned gate serves no expert LoRA: lora off"
     if config["speculator"] == "padded" and config["draft"] and config["backend"] == "flashmla":
         return "the padded drafter's graphs replace the draft attention's: one of them"
+    if config["offload"] and config["prefix_caching"]:
+        return "a CPU tier: not with prefix caching"
     if config["prefix_caching"] and (config["tables_in_graph"] or config["window"]):
         return "prefix caching: not with tables_in_graph nor a sliding window"
     active, asleep, captured, in_flight = [], set(), False, 0
@@ -625,6 +674,7 @@ def invalid(program: dict) -> str | None:
 def _invalid_op(op, config, active, asleep, captured) -> str | None:
     arity = {"add_lora": 2, "remove_lora": 1, "dummy": 2, "capture": 0, "step": 2, "sleep": 1}
     arity.update(wake=1, serve=2, hot_add=2, generate=2, reload=1, submit=2, collect=0, engine=5)
+    arity.update(offload=2)
     guided = isinstance(op, list) and len(op) == 4 and op[0] == "step"
     if guided:
         op, guided_rows = op[:3], op[3]  # its grammars: checked at the end
@@ -640,6 +690,9 @@ def _invalid_op(op, config, active, asleep, captured) -> str | None:
         return None
     if name == "engine":
         return _invalid_engine(*args)
+    if name == "offload":
+        ok = config["offload"] and 1 <= args[0] <= MAX_OFFLOAD_BLOCKS and isinstance(args[1], int)
+        return None if ok else f"a CPU tier (config offload), 1 to {MAX_OFFLOAD_BLOCKS} blocks"
     if name == "reload":
         return None if isinstance(args[0], int) and args[0] >= 0 else "a checkpoint's seed"
     if name == "generate":
