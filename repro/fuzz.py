@@ -216,6 +216,7 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
     _draw_guided(rng, ops)
     _draw_async(rng, config, ops)
     _draw_offload(rng, config, ops)
+    _draw_smaller_after_larger(rng, config, ops)
 
 
 ASYNC = (0, 0, 0, 1, 2, 3)  # async scheduling in one program in two: steps in flight, at most
@@ -258,6 +259,30 @@ def _draw_offload(rng: random.Random, config: dict, ops: list[list]) -> None:
     for _ in range(rng.randint(1, 2)):
         at = rng.choice(_idle_places(ops))
         ops[at:at] = [["offload", rng.randint(1, MAX_OFFLOAD_BLOCKS), rng.randint(0, 99)]]
+
+
+def _draw_smaller_after_larger(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """With a speculator and a capture (one such program in two): a larger batch of prefills
+    past the largest graph (eager), then a decode step of one or two requests (a replay padded
+    by requests), at an idle place after the capture. Drawn last: the earlier draws stay."""
+    from repro.program import MAX_MODEL_LEN, MAX_TOKENS
+
+    captures = [i for i, op in enumerate(ops) if op[0] == "capture"]
+    if config["speculator"] == "none" or not captures or rng.random() < 0.5:
+        return
+    places = [i for i in _idle_places(ops) if i > captures[0]]
+    if not places:
+        return
+    larger, total = [], 0
+    while total <= max(config["sizes"]) or len(larger) < 2:
+        n = rng.randint(2, 8)
+        if total + n > MAX_TOKENS or len(larger) == 4:
+            break
+        larger.append([0, n, rng.randint(0, MAX_MODEL_LEN - n)])
+        total += n
+    smaller = [[0, 1, rng.randint(0, MAX_MODEL_LEN - 1)] for _ in range(rng.randint(1, 2))]
+    at = rng.choice(places)
+    ops[at:at] = [["step", larger, rng.randint(0, 99)], ["step", smaller, rng.randint(0, 99)]]
 
 
 def _in_flight(rng: random.Random, config: dict) -> list[list]:
