@@ -249,11 +249,18 @@ def _idle_places(ops: list[list]) -> list[int]:
 
 
 def _draw_offload(rng: random.Random, config: dict, ops: list[list]) -> None:
-    """A CPU KV tier (one program in three without prefix caching): one or two prompts whose
-    blocks another prompt's step stored, at idle places. Drawn last: the earlier draws stay."""
+    """A CPU KV tier (one program in two without prefix caching, the padded drafter or the
+    draft attention): one or two prompts whose blocks another prompt's step stored, at idle
+    places. Drawn last: the earlier draws stay."""
     from repro.program import MAX_OFFLOAD_BLOCKS
 
-    config["offload"] = not config["prefix_caching"] and rng.random() < 1 / 3
+    draft = config["draft"] and config["backend"] == "flashmla"
+    config["offload"] = (
+        not config["prefix_caching"]
+        and config["speculator"] != "padded"
+        and not draft
+        and rng.random() < 0.5
+    )
     if not config["offload"]:
         return
     for _ in range(rng.randint(1, 2)):

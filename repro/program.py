@@ -115,7 +115,7 @@ CONFIG = {
     "async": (0, 1, 2, 3),
     # a CPU KV tier (kv_offload.py) on blocks of one size (4: the tier needs one), its stores
     # issued in the step; the compute stream late (the device behind the host): not with
-    # prefix caching
+    # prefix caching, the padded drafter nor the draft attention
     "offload": (False, True),
 }
 # keys added since programs were first kept: a program without one holds its first value
@@ -636,8 +636,13 @@ def invalid(program: dict) -> str | None:
         return "the learned gate serves no expert LoRA: lora off"
     if config["speculator"] == "padded" and config["draft"] and config["backend"] == "flashmla":
         return "the padded drafter's graphs replace the draft attention's: one of them"
-    if config["offload"] and config["prefix_caching"]:
-        return "a CPU tier: not with prefix caching"
+    draft = config["draft"] and config["backend"] == "flashmla"
+    padded = config["speculator"] == "padded"
+    if config["offload"] and (config["prefix_caching"] or padded or draft):
+        # the late compute stream holds the forward's launches only: the padded drafter's
+        # graphs and the draft attention run outside it (NaN, or a wild read, on the fixed
+        # runner: an emulation limit, not drawn)
+        return "a CPU tier: not with prefix caching, the padded drafter nor the draft attention"
     if config["prefix_caching"] and (config["tables_in_graph"] or config["window"]):
         return "prefix caching: not with tables_in_graph nor a sliding window"
     active, asleep, captured, in_flight = [], set(), False, 0
