@@ -235,17 +235,23 @@ def _draw_async(rng: random.Random, config: dict, ops: list[list]) -> None:
         if op[0] == "step" and len(op) == 4:
             op[1] = [row[:3] for row in op[1]]
     for _ in range(rng.randint(1, 3)):
-        at = rng.choice(_idle_places(ops))
+        places = _idle_places(ops)
+        if not places:
+            return
+        at = rng.choice(places)
         engine = not config["reorder"] and not config["prefix_caching"] and rng.random() < 0.5
         ops[at:at] = [_engine(rng)] if engine else _in_flight(rng, config)
 
 
 def _idle_places(ops: list[list]) -> list[int]:
-    """Awake places (`_awake_places`) with no step in flight."""
+    """Awake places (`_awake_places`) with no step in flight, not right before a sleep (with
+    prefix caching a prompt served before it goes with it)."""
     waiting = [0]  # steps in flight before each operation
     for op in ops:
         waiting.append(waiting[-1] + {"submit": 1, "collect": -1}.get(op[0], 0))
-    return [i for i in _awake_places(ops) if not waiting[i]]
+    after = lambda i: [op[0] for op in ops[i:] if op[0] != "reload"][:1]
+    before_sleep = lambda i: after(i) == ["sleep"]
+    return [i for i in _awake_places(ops) if not waiting[i] and not before_sleep(i)]
 
 
 def _draw_offload(rng: random.Random, config: dict, ops: list[list]) -> None:
@@ -264,7 +270,10 @@ def _draw_offload(rng: random.Random, config: dict, ops: list[list]) -> None:
     if not config["offload"]:
         return
     for _ in range(rng.randint(1, 2)):
-        at = rng.choice(_idle_places(ops))
+        places = _idle_places(ops)
+        if not places:
+            return
+        at = rng.choice(places)
         ops[at:at] = [["offload", rng.randint(1, MAX_OFFLOAD_BLOCKS), rng.randint(0, 99)]]
 
 
