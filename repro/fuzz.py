@@ -217,6 +217,7 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
     _draw_async(rng, config, ops)
     _draw_offload(rng, config, ops)
     _draw_smaller_after_larger(rng, config, ops)
+    _draw_hybrid(rng, config, ops)
 
 
 ASYNC = (0, 0, 0, 1, 2, 3)  # async scheduling in one program in two: steps in flight, at most
@@ -299,6 +300,35 @@ def _draw_smaller_after_larger(rng: random.Random, config: dict, ops: list[list]
     smaller = [[0, 1, rng.randint(0, MAX_MODEL_LEN - 1)] for _ in range(rng.randint(1, 2))]
     at = rng.choice(places)
     ops[at:at] = [["step", larger, rng.randint(0, 99)], ["step", smaller, rng.randint(0, 99)]]
+
+
+def _draw_hybrid(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """A hybrid runner (one program in two without a CPU tier or the draft attention; with
+    backend flashmla its decode loads whole pages): without prefix caching, a sleep and a
+    wake (level drawn) at an idle place if the program has none, and a fresh request right
+    after each wake that leaves the worker awake. Drawn last: the earlier draws stay."""
+    from repro.program import MAX_MODEL_LEN
+
+    draft = config["draft"] and config["backend"] == "flashmla"
+    config["hybrid"] = not config["offload"] and not draft and rng.random() < 0.5
+    if not config["hybrid"] or config["prefix_caching"]:
+        return
+    if not any(op[0] == "sleep" for op in ops):
+        places = _idle_places(ops)
+        if not places:
+            return
+        at = rng.choice(places)
+        ops[at:at] = [["sleep", rng.choice([1, 2])], ["wake", None]]
+    fresh, asleep = [], set()
+    for op in ops:
+        fresh.append(op)
+        if op[0] == "sleep":
+            asleep = {"weights", "kv_cache"}
+        elif op[0] == "wake":
+            asleep -= set(op[1] or asleep)
+            if not asleep:
+                fresh.append(["fresh", rng.randint(2, MAX_MODEL_LEN - 2), rng.randint(0, 99)])
+    ops[:] = fresh
 
 
 def _in_flight(rng: random.Random, config: dict) -> list[list]:

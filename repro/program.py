@@ -52,6 +52,10 @@ attention); operations:
                               end, k drafts per decode, a token budget a step (0: none), every
                               draft of the launched steps `rejects` rejected (a sliding window:
                               config window); each launched step's logits vs the reference
+  ["fresh", tokens, seed]     no prefix caching, nothing in flight: a new request in row 0 of
+                              `tokens` seeded tokens, its prefill and one decode step, finished
+                              (as generate): right after a KV wake its new pages hold the wake's
+                              bytes (the cache is zeroed before any other operation reads it)
   ["offload", blocks, seed]   config offload (a CPU KV tier, one block size, the compute stream
                               late), nothing in flight: the tier emptied, a prompt of `blocks`
                               whole blocks and a token in row 0 (its blocks stored in the tier
@@ -117,6 +121,10 @@ CONFIG = {
     # issued in the step; the compute stream late (the device behind the host): not with
     # prefix caching, the padded drafter nor the draft attention
     "offload": (False, True),
+    # a hybrid runner (a state group in group 0's blocks; new blocks zeroed: kv_block_stale_nan)
+    # whose split-KV decode (backend flashmla) loads whole pages (TRTLLM's): no draft
+    # attention, no CPU tier
+    "hybrid": (False, True),
 }
 # keys added since programs were first kept: a program without one holds its first value
 LATER_KEYS = (
@@ -131,11 +139,13 @@ LATER_KEYS = (
     "derived",
     "async",
     "offload",
+    "hybrid",
 )
 MAX_MODEL_LEN, MAX_TOKENS, MAX_REQS = 32, 32, 8
 MAX_ALLOWED = 8  # a restricted request's allowed_token_ids, at most
 MAX_MODULUS = 5  # a guided request's toy grammar allows one token id in `modulus`, at least
 BLOCK_SIZES = (4, 16)
+HYBRID_KV_BLOCKS = 80  # per group: every row's state block and pages fit in group 0
 OFFLOAD_BLOCK, OFFLOAD_CPU_BLOCKS, MAX_OFFLOAD_BLOCKS = 4, 256, 6  # the tier's; an op's prompt
 MAX_ENGINE_REQS, MAX_PROMPT, MAX_OUTPUT, MAX_DRAFTS = 3, 8, 6, 2  # an engine op's requests
 ENGINE_STEPS = 64  # the engine's steps at most (its requests finish well before)
@@ -167,7 +177,9 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
         cudagraph_sizes=tuple(config["sizes"]),
         enable_lora=config["lora"],
         specialize_active_lora=config["specialize"],
-        decode_backend=config["backend"],
+        decode_backend="trtllm" if config["hybrid"] and flashmla else config["backend"],
+        hybrid=config["hybrid"],
+        num_kv_blocks=HYBRID_KV_BLOCKS if config["hybrid"] else 64,
         draft_attention=flashmla and config["draft"],
         max_model_len=MAX_MODEL_LEN,
         tables_in_graph=config["tables_in_graph"],
@@ -231,6 +243,7 @@ class Machine:
         # the cache-only layer's slots a step's real token wrote -> the hidden state it wrote
         self.extracted: dict[int, torch.Tensor] = {}
         self.in_flight: list = []  # async steps submitted, not collected: oldest first
+        self.poisoned = False  # the KV cache holds a wake's bytes
         self.clear_kv()
 
     def clear_kv(self) -> None:
@@ -239,12 +252,22 @@ class Machine:
         clean."""
         for cache in (*self.runner.kv_cache.k_caches, *self.runner.kv_cache.v_caches):
             cache.zero_()
-        self.kv_clean = True
+        self.kv_clean, self.poisoned = True, False
         self.extracted.clear()  # the cache-only layer's cache woke as 0xFF bytes too
 
     def apply(self, op: list) -> list[str | None]:
         name, *args = op
+        if self.poisoned and name not in ("wake", "serve", "sleep", "fresh"):
+            self.clear_kv()  # the engine drops what the KV cache held (wake left 0xFF bytes)
         return getattr(self, f"op_{name}")(*args) or []
+
+    def op_fresh(self, tokens: int, token_seed: int) -> list[str | None]:
+        """A new request from position 0 (its pages new blocks: right after a KV wake they hold
+        the wake's bytes, which only a step's unused slots may still hold), as generate."""
+        poisoned, self.poisoned = self.poisoned, False
+        problems = self.op_generate(tokens, token_seed)
+        self.poisoned = poisoned  # the rest of the cache: zeroed before the next operation
+        return problems
 
     def op_add_lora(self, lora_id: int, experts: bool) -> None:
         self.runner.add_lora(lora_id, seed=self.ctx.seed + 10 + lora_id, experts=experts)
@@ -294,7 +317,7 @@ class Machine:
     def op_wake(self, tags: list[str] | None) -> None:
         self.engine.wake_up(tags)
         if tags is None or "kv_cache" in tags:
-            self.clear_kv()  # the engine drops what the KV cache held (wake left 0xFF bytes)
+            self.poisoned = True  # zeroed before the next operation but fresh reads the cache
 
     def op_serve(self, tokens: int, token_seed: int) -> list[str | None]:
         """A request reaches the engine while a tag sleeps, and one iteration of its loop: the
@@ -342,8 +365,11 @@ class Machine:
         A dummy run (shape []) writes none."""
         kv = self.runner.kv_cache
         problems = []
+        size = kv.block_sizes[0]  # a hybrid runner's state blocks: group 0's, its own writes
+        states = {b * size + p for b in kv.state_blocks.values() for p in range(size)}
         for old, (name, g, new) in zip(before, self.caches(), strict=True):
             mine = {kv.slot(g, row, c + p) for row, (_, n, c) in enumerate(shape) for p in range(n)}
+            mine |= states if g == 0 and name != "the cache-only layer's cache" else set()
             old, new = old.flatten(0, 1), new.flatten(0, 1)
             changed = ((old != new) & ~(old.isnan() & new.isnan())).flatten(1).any(1)
             stray = sorted(set(changed.nonzero().flatten().tolist()) - mine)
@@ -637,6 +663,8 @@ def invalid(program: dict) -> str | None:
     if config["speculator"] == "padded" and config["draft"] and config["backend"] == "flashmla":
         return "the padded drafter's graphs replace the draft attention's: one of them"
     draft = config["draft"] and config["backend"] == "flashmla"
+    if config["hybrid"] and (config["offload"] or draft):
+        return "a hybrid runner: no CPU tier, no draft attention"
     padded = config["speculator"] == "padded"
     if config["offload"] and (config["prefix_caching"] or padded or draft):
         # the late compute stream holds the forward's launches only: the padded drafter's
@@ -679,7 +707,7 @@ def invalid(program: dict) -> str | None:
 def _invalid_op(op, config, active, asleep, captured) -> str | None:
     arity = {"add_lora": 2, "remove_lora": 1, "dummy": 2, "capture": 0, "step": 2, "sleep": 1}
     arity.update(wake=1, serve=2, hot_add=2, generate=2, reload=1, submit=2, collect=0, engine=5)
-    arity.update(offload=2)
+    arity.update(offload=2, fresh=2)
     guided = isinstance(op, list) and len(op) == 4 and op[0] == "step"
     if guided:
         op, guided_rows = op[:3], op[3]  # its grammars: checked at the end
@@ -695,6 +723,9 @@ def _invalid_op(op, config, active, asleep, captured) -> str | None:
         return None
     if name == "engine":
         return _invalid_engine(*args)
+    if name == "fresh":
+        ok = not config["prefix_caching"] and 1 <= args[0] <= MAX_MODEL_LEN - 2
+        return None if ok else "fresh: no prefix caching, a prompt of 1 to 30 tokens"
     if name == "offload":
         ok = config["offload"] and 1 <= args[0] <= MAX_OFFLOAD_BLOCKS and isinstance(args[1], int)
         return None if ok else f"a CPU tier (config offload), 1 to {MAX_OFFLOAD_BLOCKS} blocks"

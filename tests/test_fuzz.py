@@ -258,8 +258,11 @@ def test_the_draw_reaches_steps_in_flight_the_engine_and_the_cpu_tier() -> None:
     drawn = [draw_program(random.Random(n)) for n in range(300)]
     assert {p["config"]["async"] for p in drawn} == {0, 1, 2, 3}
     assert {p["config"]["offload"] for p in drawn} == {False, True}
+    assert {(p["config"]["hybrid"], p["config"]["backend"]) for p in drawn} == {
+        (h, b) for h in (False, True) for b in ("paged", "flashmla")
+    }
     ops = [op for p in drawn for op in p["ops"]]
-    for name in ("submit", "collect", "engine", "offload"):
+    for name in ("submit", "collect", "engine", "offload", "fresh"):
         assert any(op[0] == name for op in ops), name
     engines = [op for op in ops if op[0] == "engine"]
     assert {op[3] for op in engines} == {0, 1, 2} and any(op[4] for op in engines)
@@ -278,8 +281,12 @@ def test_the_draw_reaches_steps_in_flight_the_engine_and_the_cpu_tier() -> None:
         assert in_flight == 0, "every submitted step collected"
         if config["offload"]:
             assert not config["prefix_caching"] and config["speculator"] != "padded"
-        kept = [op for op in ops if op[0] not in ("submit", "collect", "engine", "offload")]
-        plain = {k: v for k, v in config.items() if k not in ("async", "offload")}
+            assert not config["hybrid"]
+        for i, op in enumerate(ops):  # a fresh request right after a wake of the last tag
+            assert op[0] != "fresh" or (ops[i - 1][0] == "wake" and config["hybrid"])
+        new = ("submit", "collect", "engine", "offload", "fresh")
+        kept = [op for op in ops if op[0] not in new]
+        plain = {k: v for k, v in config.items() if k not in ("async", "offload", "hybrid")}
         assert invalid({"config": plain, "ops": kept}) is None
     assert most == 3, "three steps in flight"
 
@@ -307,6 +314,13 @@ def test_async_and_offload_operations_are_checked() -> None:
     assert "prefix caching" in invalid({"config": {**tier, "prefix_caching": True}, "ops": []})
     padded = {**tier, "speculator": "padded"}
     assert "padded drafter" in invalid({"config": padded, "ops": []})
+    hybrid = {**CONFIG, "hybrid": True, "backend": "flashmla"}
+    ops = [["capture"], ["sleep", 1], ["wake", None], ["fresh", 9, 3], ["step", [[0, 1, 3]], 0]]
+    assert invalid({"config": hybrid, "ops": ops}) is None
+    assert "hybrid" in invalid({"config": {**hybrid, "offload": True}, "ops": []})
+    assert "hybrid" in invalid({"config": {**hybrid, "draft": True}, "ops": []})
+    caching = {**CONFIG, "prefix_caching": True}
+    assert "no prefix caching" in invalid({"config": caching, "ops": [["fresh", 9, 3]]})
 
 
 @pytest.mark.parametrize(
