@@ -224,12 +224,14 @@ ASYNC = (0, 0, 0, 1, 2, 3)  # async scheduling in one program in two: steps in f
 
 
 def _draw_async(rng: random.Random, config: dict, ops: list[list]) -> None:
-    """Async scheduling (one program in two; steps in flight 1 to 3): one to three runs at
-    awake places (before any hot add's batch), each the async engine (not with reorder nor
-    prefix caching) or steps submitted and collected, never more than config async in flight,
+    """Async scheduling (one program in two, every one with a sliding window; steps in flight 1
+    to 3): one to three runs at idle places, each the async engine (not with prefix caching;
+    one request with a backend that reorders; four in five with a window) or steps submitted
+    and collected, never more than config async in flight,
     all collected at its end. With the async sampler a guided step keeps no restricted
     request. Drawn last: the program's earlier draws stay."""
-    config["async"] = rng.choice(ASYNC)
+    # with a sliding window always (its frees in the engine: one program in six has one)
+    config["async"] = rng.choice(ASYNC[-3:] if config["window"] else ASYNC)
     if not config["async"]:
         return
     for op in ops:
@@ -240,8 +242,11 @@ def _draw_async(rng: random.Random, config: dict, ops: list[list]) -> None:
         if not places:
             return
         at = rng.choice(places)
-        engine = not config["reorder"] and not config["prefix_caching"] and rng.random() < 0.5
-        ops[at:at] = [_engine(rng)] if engine else _in_flight(rng, config)
+        engine = not config["prefix_caching"] and rng.random() < (0.8 if config["window"] else 0.5)
+        if engine:  # a backend that reorders: one request (nothing to swap)
+            ops[at:at] = [_engine(rng, one=config["reorder"])]
+        else:
+            ops[at:at] = _in_flight(rng, config)
 
 
 def _idle_places(ops: list[list]) -> list[int]:
@@ -351,13 +356,13 @@ def _in_flight(rng: random.Random, config: dict) -> list[list]:
     return ops + [["collect"]] * waiting
 
 
-def _engine(rng: random.Random) -> list:
+def _engine(rng: random.Random, one: bool = False) -> list:
     """The async engine's run: requests (longer prompts more often: a window's frees), two
     drafts a decode most often, a token budget one time in two, rejected steps."""
     from repro.program import MAX_DRAFTS, MAX_ENGINE_REQS, MAX_OUTPUT, MAX_PROMPT
 
-    budget, max_tokens = rng.random() < 0.5, rng.randint(1, MAX_OUTPUT)
-    count = rng.randint(1, 2 if budget else MAX_ENGINE_REQS)
+    budget, max_tokens = rng.random() < 0.6, rng.randint(1, MAX_OUTPUT)
+    count = 1 if one else 2 if budget else rng.randint(1, MAX_ENGINE_REQS)
     # one max_tokens (the requests finish together; with a budget the second's own): the
     # engine's rows are its KV rows, which a request skipped before a scheduled one breaks
     reqs = [[rng.randint(rng.choice((1, 4)), MAX_PROMPT), max_tokens] for _ in range(count)]

@@ -46,7 +46,8 @@ attention); operations:
                               request's best allowed token by the float64 reference (within the
                               tolerance), never a disallowed one
   ["engine", [[prompt, max_tokens], ...], seed, k, budget, rejects]  config async > 0, nothing
-                              in flight, no reorder, no prefix caching: every row freed, then
+                              in flight, no prefix caching (with reorder one request): every
+                              row freed, then
                               the async engine (async_engine.py: its scheduler one step ahead,
                               placeholders filled on the device) serves these requests to the
                               end, k drafts per decode, a token budget a step (0: none), every
@@ -779,8 +780,11 @@ def _invalid_async(op: list, config: dict, in_flight: int) -> str | None:
         return "no step in flight"
     if in_flight and name not in ("submit", "collect"):
         return "steps in flight: only submit or collect"
-    if name == "engine" and (config["reorder"] or config["prefix_caching"]):
-        return "the async engine: not with reorder nor prefix caching"
+    if name == "engine" and (
+        (config["reorder"] and len(op[1]) > 1)  # one request: nothing to swap
+        or config["prefix_caching"]
+    ):
+        return "the async engine: not with prefix caching, one request with reorder"
     if config["async"] and name == "step" and len(op) == 4 and any(len(r) == 4 for r in op[1]):
         return "with the async sampler a guided step has no restricted request"
     return None

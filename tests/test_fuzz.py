@@ -303,7 +303,9 @@ def test_async_and_offload_operations_are_checked() -> None:
     assert "only submit or collect" in invalid({"config": asynchronous, "ops": busy})
     assert "lora 0" in invalid({"config": asynchronous, "ops": [["submit", [[1, 1, 0]], 0]]})
     reorder = {**asynchronous, "reorder": True}
-    assert "reorder" in invalid({"config": reorder, "ops": [["engine", [[4, 3]], 1, 2, 0, []]]})
+    assert invalid({"config": reorder, "ops": [["engine", [[4, 3]], 1, 2, 0, []]]}) is None
+    two = ["engine", [[4, 3], [2, 3]], 1, 2, 0, []]
+    assert "reorder" in invalid({"config": reorder, "ops": [two]})
     tight = ["engine", [[6, 3]], 1, 2, 4, []]  # a budget of 4 under a prompt of 6
     assert "budget" in invalid({"config": asynchronous, "ops": [tight]})
     guided = ["step", [[0, 1, 3, 2]], 0, [[0, 2, 1]]]
