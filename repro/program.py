@@ -47,12 +47,13 @@ attention); operations:
                               tolerance), never a disallowed one
   ["engine", [[prompt, max_tokens], ...], seed, k, budget, rejects]  config async > 0, nothing
                               in flight, no prefix caching (with reorder one request): every
-                              row freed, then
-                              the async engine (async_engine.py: its scheduler one step ahead,
-                              placeholders filled on the device) serves these requests to the
-                              end, k drafts per decode, a token budget a step (0: none), every
-                              draft of the launched steps `rejects` rejected (a sliding window:
-                              config window); each launched step's logits vs the reference
+                              row freed, then the async engine (async_engine.py: its scheduler
+                              one step ahead, placeholders filled on the device) serves these
+                              requests to the end, k drafts per decode, a token budget a step
+                              (0: none), every draft of the launched steps `rejects` rejected
+                              (a sliding window: config window); each launched step's logits
+                              vs the reference (a run whose batch rows part from its KV rows,
+                              which the engine's model cannot serve, ends unchecked)
   ["fresh", tokens, seed]     no prefix caching, nothing in flight: a new request in row 0 of
                               `tokens` seeded tokens, its prefill and one decode step, finished
                               (as generate): right after a KV wake its new pages hold the wake's
