@@ -359,7 +359,13 @@ class Machine:
         return found
 
     def kv_snapshot(self) -> list[torch.Tensor]:
+        self.held = self.blocks_held()  # a hybrid runner zeroes the blocks a step is given
         return [cache.clone() for _, _, cache in self.caches()]
+
+    def blocks_held(self) -> set[tuple[int, int]]:
+        """(group, block) of every block a request row holds."""
+        kv = self.runner.kv_cache
+        return {(g, b) for ids in kv.blocks.values() for g, bs in enumerate(ids) for b in bs}
 
     def kv_written_outside(self, before: list[torch.Tensor], shape) -> list[str | None]:
         """The sentinel rule: the slots a step changed are its real tokens' (graph padding
@@ -367,11 +373,16 @@ class Machine:
         A dummy run (shape []) writes none."""
         kv = self.runner.kv_cache
         problems = []
-        size = kv.block_sizes[0]  # a hybrid runner's state blocks: group 0's, its own writes
-        states = {b * size + p for b in kv.state_blocks.values() for p in range(size)}
+        # a hybrid runner's own writes: its state blocks (group 0's) and the blocks the step
+        # was given, zeroed whole (kv_block_stale_nan's fix)
+        ours = {(0, b) for b in kv.state_blocks.values()}
+        if kv.hybrid and shape:
+            ours |= self.blocks_held() - self.held
         for old, (name, g, new) in zip(before, self.caches(), strict=True):
             mine = {kv.slot(g, row, c + p) for row, (_, n, c) in enumerate(shape) for p in range(n)}
-            mine |= states if g == 0 and name != "the cache-only layer's cache" else set()
+            size = kv.block_sizes[g]
+            if name != "the cache-only layer's cache":
+                mine |= {b * size + p for gg, b in ours if gg == g for p in range(size)}
             old, new = old.flatten(0, 1), new.flatten(0, 1)
             changed = ((old != new) & ~(old.isnan() & new.isnan())).flatten(1).any(1)
             stray = sorted(set(changed.nonzero().flatten().tolist()) - mine)
