@@ -122,6 +122,7 @@ WEIGHTED = {
     "backend": ("flashmla", "paged", "flashmla"),
     "lora": (False, True, True),
 }
+DRAWN_LAST = ("async", "offload", "hybrid")  # set by _draw_async, _draw_offload, _draw_hybrid
 DECODE = (True, True, False)  # a step is a uniform decode batch, or a mixed one
 SETUP_CAPTURE = (True, True, True, False)  # the set-up captures (else a later operation may)
 
@@ -144,7 +145,13 @@ def draw_program(rng: random.Random) -> dict:
     operations valid in the state the earlier ones left."""
     from repro.program import CONFIG
 
-    config = {key: rng.choice(WEIGHTED.get(key, values)) for key, values in CONFIG.items()}
+    # keys drawn later, by their own draws (after the operations), take no value here: a
+    # seed's configuration and operations stay the ones it drew before they were added
+    config = {
+        key: rng.choice(WEIGHTED.get(key, values))
+        for key, values in CONFIG.items()
+        if key not in DRAWN_LAST
+    }
     config["sizes"] = list(config["sizes"])
     if config["backend"] != "paged":  # the split-KV decode has no window (program.invalid)
         config["window"] = 0
