@@ -25,6 +25,8 @@ def engine_problems(runner: ModelRunner, engine: AsyncEngine) -> list[str | None
             if step.valid[t] and pos < len(tokens[rid]):
                 rows.append(t)
                 seqs.append(list(tokens[rid][: pos + 1]))
+        if not rows:  # every token past its request's last output (or a rejected draft)
+            continue
         names = ", ".join(q.req_id for q in step.requests)
         what = f"step {n} ({names}) logits at positions {step.positions[rows].tolist()}"
         problems.append(

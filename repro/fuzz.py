@@ -122,6 +122,7 @@ WEIGHTED = {
     "backend": ("flashmla", "paged", "flashmla"),
     "lora": (False, True, True),
 }
+DRAWN_LAST = ("async", "offload", "hybrid")  # set by _draw_async, _draw_offload, _draw_hybrid
 DECODE = (True, True, False)  # a step is a uniform decode batch, or a mixed one
 SETUP_CAPTURE = (True, True, True, False)  # the set-up captures (else a later operation may)
 
@@ -144,7 +145,13 @@ def draw_program(rng: random.Random) -> dict:
     operations valid in the state the earlier ones left."""
     from repro.program import CONFIG
 
-    config = {key: rng.choice(WEIGHTED.get(key, values)) for key, values in CONFIG.items()}
+    # keys drawn later, by their own draws (after the operations), take no value here: a
+    # seed's configuration and operations stay the ones it drew before they were added
+    config = {
+        key: rng.choice(WEIGHTED.get(key, values))
+        for key, values in CONFIG.items()
+        if key not in DRAWN_LAST
+    }
     config["sizes"] = list(config["sizes"])
     if config["backend"] != "paged":  # the split-KV decode has no window (program.invalid)
         config["window"] = 0
@@ -214,6 +221,166 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
     _draw_prefix_caching(rng, config, ops)
     _draw_reload(rng, config, ops)
     _draw_guided(rng, ops)
+    _draw_async(rng, config, ops)
+    _draw_offload(rng, config, ops)
+    _draw_smaller_after_larger(rng, config, ops)
+    _draw_hybrid(rng, config, ops)
+
+
+ASYNC = (0, 0, 0, 1, 2, 3)  # async scheduling in one program in two: steps in flight, at most
+
+
+def _draw_async(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """Async scheduling (one program in two, every one with a sliding window; steps in flight 1
+    to 3): one to three runs at idle places, each the async engine (not with prefix caching;
+    one request with a backend that reorders; four in five with a window) or steps submitted
+    and collected, never more than config async in flight,
+    all collected at its end. With the async sampler a guided step keeps no restricted
+    request. Drawn last: the program's earlier draws stay."""
+    # with a sliding window always (its frees in the engine: one program in six has one)
+    config["async"] = rng.choice(ASYNC[-3:] if config["window"] else ASYNC)
+    if not config["async"]:
+        return
+    for op in ops:
+        if op[0] == "step" and len(op) == 4:
+            op[1] = [row[:3] for row in op[1]]
+    for _ in range(rng.randint(1, 3)):
+        places = _idle_places(ops)
+        if not places:
+            return
+        at = rng.choice(places)
+        engine = not config["prefix_caching"] and rng.random() < (0.8 if config["window"] else 0.5)
+        if engine:  # a backend that reorders: one request (nothing to swap)
+            ops[at:at] = [_engine(rng, one=config["reorder"])]
+        else:
+            ops[at:at] = _in_flight(rng, config)
+
+
+def _idle_places(ops: list[list]) -> list[int]:
+    """Awake places (`_awake_places`) with no step in flight, not right before a sleep (with
+    prefix caching a prompt served before it goes with it)."""
+    waiting = [0]  # steps in flight before each operation
+    for op in ops:
+        waiting.append(waiting[-1] + {"submit": 1, "collect": -1}.get(op[0], 0))
+    after = lambda i: [op[0] for op in ops[i:] if op[0] != "reload"][:1]
+    before_sleep = lambda i: after(i) == ["sleep"]
+    return [i for i in _awake_places(ops) if not waiting[i] and not before_sleep(i)]
+
+
+def _draw_offload(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """A CPU KV tier (one program in two without prefix caching, the padded drafter or the
+    draft attention): one or two prompts whose blocks another prompt's step stored, at idle
+    places. Drawn last: the earlier draws stay."""
+    from repro.program import MAX_OFFLOAD_BLOCKS
+
+    draft = config["draft"] and config["backend"] == "flashmla"
+    config["offload"] = (
+        not config["prefix_caching"]
+        and config["speculator"] != "padded"
+        and not draft
+        and rng.random() < 0.5
+    )
+    if not config["offload"]:
+        return
+    for _ in range(rng.randint(1, 2)):
+        places = _idle_places(ops)
+        if not places:
+            return
+        at = rng.choice(places)
+        ops[at:at] = [["offload", rng.randint(1, MAX_OFFLOAD_BLOCKS), rng.randint(0, 99)]]
+
+
+def _draw_smaller_after_larger(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """With a speculator and a capture (one such program in two): a larger batch of prefills
+    past the largest graph (eager), then a decode step of one or two requests (a replay padded
+    by requests), at an idle place after the capture. Drawn last: the earlier draws stay."""
+    from repro.program import MAX_MODEL_LEN, MAX_TOKENS
+
+    captures = [i for i, op in enumerate(ops) if op[0] == "capture"]
+    if config["speculator"] == "none" or not captures or rng.random() < 0.5:
+        return
+    places = [i for i in _idle_places(ops) if i > captures[0]]
+    if not places:
+        return
+    larger, total = [], 0
+    while total <= max(config["sizes"]) or len(larger) < 2:
+        n = rng.randint(2, 8)
+        if total + n > MAX_TOKENS or len(larger) == 4:
+            break
+        larger.append([0, n, rng.randint(0, MAX_MODEL_LEN - n)])
+        total += n
+    smaller = [[0, 1, rng.randint(0, MAX_MODEL_LEN - 1)] for _ in range(rng.randint(1, 2))]
+    at = rng.choice(places)
+    ops[at:at] = [["step", larger, rng.randint(0, 99)], ["step", smaller, rng.randint(0, 99)]]
+
+
+def _draw_hybrid(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """A hybrid runner (one program in two without a CPU tier or the draft attention; with
+    backend flashmla its decode loads whole pages): without prefix caching, a sleep and a
+    wake (level drawn) at an idle place if the program has none, and a fresh request right
+    after each wake that leaves the worker awake. Drawn last: the earlier draws stay."""
+    from repro.program import MAX_MODEL_LEN
+
+    draft = config["draft"] and config["backend"] == "flashmla"
+    config["hybrid"] = not config["offload"] and not draft and rng.random() < 0.5
+    if not config["hybrid"] or config["prefix_caching"]:
+        return
+    if not any(op[0] == "sleep" for op in ops):
+        places = _idle_places(ops)
+        if not places:
+            return
+        at = rng.choice(places)
+        ops[at:at] = [["sleep", rng.choice([1, 2])], ["wake", None]]
+    fresh, asleep = [], set()
+    for op in ops:
+        fresh.append(op)
+        if op[0] == "sleep":
+            asleep = {"weights", "kv_cache"}
+        elif op[0] == "wake":
+            asleep -= set(op[1] or asleep)
+            if not asleep:
+                fresh.append(["fresh", rng.randint(2, MAX_MODEL_LEN - 2), rng.randint(0, 99)])
+    ops[:] = fresh
+
+
+def _in_flight(rng: random.Random, config: dict) -> list[list]:
+    """Steps submitted and collected (a collect only when a step is in flight, a submit while
+    fewer than config async are): two to six submits, every one collected by the end."""
+    from repro.program import MAX_ALLOWED
+
+    ops, waiting = [], 0
+    for _ in range(rng.randint(2, 6)):
+        while waiting and (waiting == config["async"] or rng.random() < 0.3):
+            ops.append(["collect"])
+            waiting -= 1
+        rows = [[0, *r[1:]] for r in _batch(rng, config, [])]
+        restricted = rng.random() < 0.5  # a step in two restricts some of its requests
+        for row in rows if restricted else ():
+            if rng.random() < 0.5:  # by allowed_token_ids
+                row.append(rng.randint(1, MAX_ALLOWED))
+        ops.append(["submit", rows, rng.randint(0, 99)])
+        waiting += 1
+    return ops + [["collect"]] * waiting
+
+
+def _engine(rng: random.Random, one: bool = False) -> list:
+    """The async engine's run: requests (longer prompts more often: a window's frees), two
+    drafts a decode most often, a token budget one time in two, rejected steps."""
+    from repro.program import MAX_DRAFTS, MAX_ENGINE_REQS, MAX_OUTPUT, MAX_PROMPT
+
+    budget, max_tokens = rng.random() < 0.6, rng.randint(1, MAX_OUTPUT)
+    count = 1 if one else 2 if budget else rng.randint(1, MAX_ENGINE_REQS)
+    # one max_tokens (the requests finish together; with a budget the second's own): the
+    # engine's rows are its KV rows, which a request skipped before a scheduled one breaks
+    reqs = [[rng.randint(rng.choice((1, 4)), MAX_PROMPT), max_tokens] for _ in range(count)]
+    if budget and count == 2:
+        reqs[1][1] = rng.randint(1, max_tokens)
+    k = rng.choice((0, 1, *[MAX_DRAFTS] * 2))
+    if budget:
+        least = max(max(n for n, _ in reqs), 1 + k)
+        budget = rng.randint(least, least + 4)
+    rejects = [i for i in range(12) if rng.random() < 0.4]
+    return ["engine", reqs, rng.randint(0, 99), k, budget, rejects]
 
 
 def _draw_guided(rng: random.Random, ops: list[list]) -> None:

@@ -37,6 +37,33 @@ attention); operations:
                               (their blocks freed)
   ["reload", seed]            reload_weights(seed): a trainer's new checkpoint (seeded), then the
                               post-load processing again (with derived weights: derived again)
+  ["submit", rows, token_seed]  config async N > 0 (steps in flight, at most N): an async
+                              scheduling step of these requests (as step's rows, lora 0), eager,
+                              sampled greedily on the device (execute_model_async's sampler),
+                              its tokens downloaded on a copy stream that runs late; while steps
+                              are in flight only submit and collect
+  ["collect"]                 the oldest step in flight's tokens reach the host: each its
+                              request's best allowed token by the float64 reference (within the
+                              tolerance), never a disallowed one
+  ["engine", [[prompt, max_tokens], ...], seed, k, budget, rejects]  config async > 0, nothing
+                              in flight, no prefix caching (with reorder one request): every
+                              row freed, then the async engine (async_engine.py: its scheduler
+                              one step ahead, placeholders filled on the device) serves these
+                              requests to the end, k drafts per decode, a token budget a step
+                              (0: none), every draft of the launched steps `rejects` rejected
+                              (a sliding window: config window); each launched step's logits
+                              vs the reference (a run whose batch rows part from its KV rows,
+                              which the engine's model cannot serve, ends unchecked)
+  ["fresh", tokens, seed]     no prefix caching, nothing in flight: a new request in row 0 of
+                              `tokens` seeded tokens, its prefill and one decode step, finished
+                              (as generate): right after a KV wake its new pages hold the wake's
+                              bytes (the cache is zeroed before any other operation reads it)
+  ["offload", blocks, seed]   config offload (a CPU KV tier, one block size, the compute stream
+                              late), nothing in flight: the tier emptied, a prompt of `blocks`
+                              whole blocks and a token in row 0 (its blocks stored in the tier
+                              in its step), finished; then a prompt of those blocks and two
+                              tokens more hits the tier (its blocks loaded), its logits vs a
+                              reference that recomputes every position
 """
 
 from __future__ import annotations
@@ -46,9 +73,12 @@ from dataclasses import replace
 
 import torch
 
-from harness.oracle import close, expect_all, step_problems
+from harness.async_oracle import engine_problems
+from harness.oracle import RTOL, close, expect_all, step_problems
 from harness.record import Context
 from harness.reference import draft_reference, recomputed_logits, step_reference
+from harness.runner.async_engine import AsyncEngine
+from harness.runner.async_scheduler import AsyncScheduler
 from harness.runner.cudagraph import CUDAGraphMode
 from harness.runner.engine import EngineCore
 from harness.runner.input_batch import Request, decode_first_swaps, dummy_lengths
@@ -86,6 +116,17 @@ CONFIG = {
     "prefix_caching": (False, True),
     # post-load processing derives tensors the forward reads (ModelConfig.derived_weights)
     "derived": (False, True),
+    # async scheduling: at most this many steps in flight (submit, collect), and the async
+    # engine (0: off; the sampler's copy stream runs late: the order a race loses)
+    "async": (0, 1, 2, 3),
+    # a CPU KV tier (kv_offload.py) on blocks of one size (4: the tier needs one), its stores
+    # issued in the step; the compute stream late (the device behind the host): not with
+    # prefix caching, the padded drafter nor the draft attention
+    "offload": (False, True),
+    # a hybrid runner (a state group in group 0's blocks; new blocks zeroed: kv_block_stale_nan)
+    # whose split-KV decode (backend flashmla) loads whole pages (TRTLLM's): no draft
+    # attention, no CPU tier
+    "hybrid": (False, True),
 }
 # keys added since programs were first kept: a program without one holds its first value
 LATER_KEYS = (
@@ -98,11 +139,18 @@ LATER_KEYS = (
     "reorder",
     "prefix_caching",
     "derived",
+    "async",
+    "offload",
+    "hybrid",
 )
 MAX_MODEL_LEN, MAX_TOKENS, MAX_REQS = 32, 32, 8
 MAX_ALLOWED = 8  # a restricted request's allowed_token_ids, at most
 MAX_MODULUS = 5  # a guided request's toy grammar allows one token id in `modulus`, at least
 BLOCK_SIZES = (4, 16)
+HYBRID_KV_BLOCKS = 80  # per group: every row's state block and pages fit in group 0
+OFFLOAD_BLOCK, OFFLOAD_CPU_BLOCKS, MAX_OFFLOAD_BLOCKS = 4, 256, 6  # the tier's; an op's prompt
+MAX_ENGINE_REQS, MAX_PROMPT, MAX_OUTPUT, MAX_DRAFTS = 3, 8, 6, 2  # an engine op's requests
+ENGINE_STEPS = 64  # the engine's steps at most (its requests finish well before)
 
 
 def with_defaults(config: dict) -> dict:
@@ -114,6 +162,7 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
     config = with_defaults(config)
     flashmla = config["backend"] == "flashmla"
     half = config["kernel_blocks"] == "half"
+    blocks = (OFFLOAD_BLOCK,) * 2 if config["offload"] else BLOCK_SIZES
     return flat_config(
         ctx.device,
         ctx.fixes,
@@ -130,12 +179,14 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
         cudagraph_sizes=tuple(config["sizes"]),
         enable_lora=config["lora"],
         specialize_active_lora=config["specialize"],
-        decode_backend=config["backend"],
+        decode_backend="trtllm" if config["hybrid"] and flashmla else config["backend"],
+        hybrid=config["hybrid"],
+        num_kv_blocks=HYBRID_KV_BLOCKS if config["hybrid"] else 64,
         draft_attention=flashmla and config["draft"],
         max_model_len=MAX_MODEL_LEN,
         tables_in_graph=config["tables_in_graph"],
-        block_sizes=BLOCK_SIZES,
-        kernel_block_sizes=tuple(b // 2 for b in BLOCK_SIZES) if half else (),
+        block_sizes=blocks,
+        kernel_block_sizes=tuple(b // 2 for b in blocks) if half else (),
         sliding_window=config["window"],
         draft_prefill=config["speculator"] != "none",
         draft_graphs=config["speculator"] == "padded",
@@ -143,19 +194,22 @@ def runner_config(ctx: Context, config: dict) -> RunnerConfig:
         prompt_logprobs=config["prompt_logprobs"],
         reorder_batch=config["reorder"],
         enable_prefix_caching=config["prefix_caching"],
+        async_output=config["async"] > 0,
+        stream_delay=config["async"] > 0 or config["offload"],
+        cpu_offload_blocks=OFFLOAD_CPU_BLOCKS if config["offload"] else 0,
     )
 
 
 def describe(op: list) -> str:
     """One operation as a line of text."""
     name, *args = op
-    if name == "step":
+    if name in ("step", "submit"):
         reqs = ", ".join(
             f"lora {r[0]} x{r[1]} @{r[2]}" + (f" allowing {r[3]}" if len(r) == 4 else "")
             for r in args[0]
         )
         guided = "".join(f", guided {g}" for g in args[2:])
-        return f"step [{reqs}]{guided}"
+        return f"{name} [{reqs}]{guided}"
     return f"{name}({', '.join(json.dumps(a) for a in args)})"
 
 
@@ -176,6 +230,10 @@ def _poisoned(label: str, out: ModelOutput) -> list[str | None]:
     return found
 
 
+class _Unaligned(Exception):
+    """The async engine scheduled a step whose batch rows are not its requests' KV rows."""
+
+
 class Machine:
     """The worker and what the program did to it (the step's token ids are seeded)."""
 
@@ -186,6 +244,8 @@ class Machine:
         self.runner = self.worker.model_runner
         # the cache-only layer's slots a step's real token wrote -> the hidden state it wrote
         self.extracted: dict[int, torch.Tensor] = {}
+        self.in_flight: list = []  # async steps submitted, not collected: oldest first
+        self.poisoned = False  # the KV cache holds a wake's bytes
         self.clear_kv()
 
     def clear_kv(self) -> None:
@@ -194,12 +254,22 @@ class Machine:
         clean."""
         for cache in (*self.runner.kv_cache.k_caches, *self.runner.kv_cache.v_caches):
             cache.zero_()
-        self.kv_clean = True
+        self.kv_clean, self.poisoned = True, False
         self.extracted.clear()  # the cache-only layer's cache woke as 0xFF bytes too
 
     def apply(self, op: list) -> list[str | None]:
         name, *args = op
+        if self.poisoned and name not in ("wake", "serve", "sleep", "fresh"):
+            self.clear_kv()  # the engine drops what the KV cache held (wake left 0xFF bytes)
         return getattr(self, f"op_{name}")(*args) or []
+
+    def op_fresh(self, tokens: int, token_seed: int) -> list[str | None]:
+        """A new request from position 0 (its pages new blocks: right after a KV wake they hold
+        the wake's bytes, which only a step's unused slots may still hold), as generate."""
+        poisoned, self.poisoned = self.poisoned, False
+        problems = self.op_generate(tokens, token_seed)
+        self.poisoned = poisoned  # the rest of the cache: zeroed before the next operation
+        return problems
 
     def op_add_lora(self, lora_id: int, experts: bool) -> None:
         self.runner.add_lora(lora_id, seed=self.ctx.seed + 10 + lora_id, experts=experts)
@@ -249,7 +319,7 @@ class Machine:
     def op_wake(self, tags: list[str] | None) -> None:
         self.engine.wake_up(tags)
         if tags is None or "kv_cache" in tags:
-            self.clear_kv()  # the engine drops what the KV cache held (wake left 0xFF bytes)
+            self.poisoned = True  # zeroed before the next operation but fresh reads the cache
 
     def op_serve(self, tokens: int, token_seed: int) -> list[str | None]:
         """A request reaches the engine while a tag sleeps, and one iteration of its loop: the
@@ -289,7 +359,13 @@ class Machine:
         return found
 
     def kv_snapshot(self) -> list[torch.Tensor]:
+        self.held = self.blocks_held()  # a hybrid runner zeroes the blocks a step is given
         return [cache.clone() for _, _, cache in self.caches()]
+
+    def blocks_held(self) -> set[tuple[int, int]]:
+        """(group, block) of every block a request row holds."""
+        kv = self.runner.kv_cache
+        return {(g, b) for ids in kv.blocks.values() for g, bs in enumerate(ids) for b in bs}
 
     def kv_written_outside(self, before: list[torch.Tensor], shape) -> list[str | None]:
         """The sentinel rule: the slots a step changed are its real tokens' (graph padding
@@ -297,8 +373,16 @@ class Machine:
         A dummy run (shape []) writes none."""
         kv = self.runner.kv_cache
         problems = []
+        # a hybrid runner's own writes: its state blocks (group 0's) and the blocks the step
+        # was given, zeroed whole (kv_block_stale_nan's fix)
+        ours = {(0, b) for b in kv.state_blocks.values()}
+        if kv.hybrid and shape:
+            ours |= self.blocks_held() - self.held
         for old, (name, g, new) in zip(before, self.caches(), strict=True):
             mine = {kv.slot(g, row, c + p) for row, (_, n, c) in enumerate(shape) for p in range(n)}
+            size = kv.block_sizes[g]
+            if name != "the cache-only layer's cache":
+                mine |= {b * size + p for gg, b in ours if gg == g for p in range(size)}
             old, new = old.flatten(0, 1), new.flatten(0, 1)
             changed = ((old != new) & ~(old.isnan() & new.isnan())).flatten(1).any(1)
             stray = sorted(set(changed.nonzero().flatten().tolist()) - mine)
@@ -315,8 +399,9 @@ class Machine:
         self.op_add_lora(lora_id, experts)
         return self.op_step(*self.last_step)
 
-    def op_step(self, rows: list[list[int]], token_seed: int, *guided) -> list[str | None]:
-        self.last_step = (rows, token_seed, *guided)
+    def requests(self, rows: list[list[int]], token_seed: int):
+        """A step's requests (token ids seeded), the rows the runner serves them in (a backend
+        that reorders swaps decodes first), and its shape [(lora, tokens, computed)] in them."""
         gen = torch.Generator().manual_seed(token_seed)
         vocab = self.runner.model.config.vocab_size
         requests = [
@@ -327,12 +412,138 @@ class Machine:
             q if len(r) == 3 else replace(q, allowed_token_ids=_allowed(gen, vocab, r[3]))
             for q, r in zip(requests, rows, strict=True)
         ]
-        # the rows the runner serves them in: a backend that reorders swaps decodes first
         ordered = list(requests)
         if self.runner.config.attention.reorder_batch:
             for i, j in decode_first_swaps([len(q.token_ids) == 1 for q in ordered]):
                 ordered[i], ordered[j] = ordered[j], ordered[i]
         shape = [(q.lora_id, len(q.token_ids), q.num_computed_tokens) for q in ordered]
+        return requests, ordered, shape
+
+    def execute(self, requests: list[Request], **kwargs) -> ModelOutput:
+        """A synchronous step; with async scheduling's sampler (config async) the host then
+        waits for its streams (the allowed-token-ids mask is applied after its upload)."""
+        out = self.runner.execute_model(requests, **kwargs)
+        if self.runner.async_sampler is not None:
+            self.runner.async_sampler.streams.synchronize()
+        return out
+
+    def op_submit(self, rows: list[list[int]], token_seed: int) -> list[str | None]:
+        """An async scheduling step (eager: the emulated streams queue host work that a graph
+        replay of the next step would overtake, which a GPU's stream order forbids); its
+        tokens are checked when collected, against the reference computed now."""
+        requests, ordered, shape = self.requests(rows, token_seed)
+        before = self.kv_snapshot()
+        out = self.runner.execute_model(requests, use_cudagraph=False)
+        pending = self.runner.async_sampler.sample(out.logits, out.req_ids)
+        self.kv_clean = False
+        self.extracted.clear()  # the cache-only layer's writes are not recorded here
+        logits = step_reference(self.runner, ordered)[1]
+        pairs = zip(ordered, logits, strict=True)
+        want = {q.req_id: (q.allowed_token_ids, row) for q, row in pairs}
+        self.in_flight.append((rows, want, pending))
+        return self.kv_written_outside(before, shape)
+
+    def op_collect(self) -> list[str | None]:
+        """The oldest step in flight's tokens: each request's best allowed token (within the
+        tolerance of the float64 reference's logits; a near tie may go either way)."""
+        rows, want, pending = self.in_flight.pop(0)
+        tokens = pending.get_output()
+        problems = []
+        for req_id, token in zip(pending.req_ids, tokens, strict=True):
+            allowed, logits = want[req_id]
+            ok = list(allowed) if allowed is not None else list(range(logits.shape[0]))
+            top = ok[int(logits[ok].argmax())]
+            best = float(logits[top])
+            atol = 2 * RTOL[self.runner.model.dtype] * max(float(logits.abs().max()), 1.0)
+            if token not in ok:
+                problems.append(
+                    f"request {req_id} of a step in flight {rows} sampled token {token}, not "
+                    f"one of its allowed {allowed}"
+                )
+            elif float(logits[token]) < best - atol:
+                problems.append(
+                    f"request {req_id} of a step in flight {rows} sampled token {token} (logit "
+                    f"{float(logits[token]):.4f}), not its best allowed one ({top}: {best:.4f})"
+                )
+        return problems
+
+    def op_engine(self, reqs, token_seed: int, k: int, budget: int, rejects) -> list[str | None]:
+        """The async engine serves `reqs` ([prompt length, max tokens]) to their ends from
+        freed rows: every launched step's logits vs the float64 reference of the host's final
+        tokens (async_oracle)."""
+        kv = self.runner.kv_cache
+        for row in list(kv.blocks):
+            kv.free(row)
+        gen = torch.Generator().manual_seed(token_seed)
+        vocab = self.runner.model.config.vocab_size
+        scheduler = AsyncScheduler(kv, self.ctx.fixes, k, budget)
+        for i, (n, max_tokens) in enumerate(reqs):
+            prompt = tuple(torch.randint(0, vocab, (n,), generator=gen).tolist())
+            scheduler.add_request(f"e{i}", prompt, max_tokens)
+        engine = AsyncEngine(self.runner, scheduler, reject_steps=tuple(rejects))
+        schedule = scheduler.schedule
+
+        def aligned():
+            """The engine's model: a step's batch rows are its requests' KV rows. A running
+            request skipped before one scheduled (its last token in flight, or the budget)
+            breaks it: the run ends, unchecked (the draw rarely makes one)."""
+            plan = schedule()
+            rows = [scheduler.running.index(q) for q in plan.requests]
+            if rows != list(range(len(rows))):
+                raise _Unaligned
+            return plan
+
+        scheduler.schedule = aligned
+        self.kv_clean = False
+        self.extracted.clear()
+        try:
+            engine.run(max_steps=ENGINE_STEPS)
+        except _Unaligned:
+            for row in list(kv.blocks):
+                kv.free(row)
+            return []
+        unfinished = [q.req_id for q in scheduler.waiting + scheduler.running]
+        if unfinished:
+            return [f"the async engine left {unfinished} unfinished after {ENGINE_STEPS} steps"]
+        return engine_problems(self.runner, engine)
+
+    def op_offload(self, blocks: int, token_seed: int) -> list[str | None]:
+        """A prompt's whole blocks stored in the CPU tier by its step, then a prompt sharing
+        them hits the tier: its logits vs the reference that recomputes every position (a
+        block stored before the step wrote it holds other bytes)."""
+        tier, kv = self.runner.offload, self.runner.kv_cache
+        tier.finish_stores()  # the tier emptied: what earlier programs' steps stored goes
+        tier.cached.clear()
+        tier.known.clear()
+        tier.free_blocks = list(range(OFFLOAD_CPU_BLOCKS))[::-1]
+        gen = torch.Generator().manual_seed(token_seed)
+        vocab = self.runner.model.config.vocab_size
+        first = torch.randint(0, vocab, (blocks * OFFLOAD_BLOCK + 3,), generator=gen).tolist()
+        prompt = first[: blocks * OFFLOAD_BLOCK + 1]
+        shared = first[: blocks * OFFLOAD_BLOCK] + first[-2:]
+        kv.free(0)
+        tier.get_computed_blocks(0, prompt)
+        self.execute([Request("a", tuple(prompt))])
+        kv.free(0)
+        hit = tier.get_computed_blocks(0, shared)
+        out = self.execute([Request("c", tuple(shared[hit:]), 0, hit)])
+        logits = out.logits.clone()
+        kv.free(0)
+        self.kv_clean = False
+        self.extracted.clear()
+        return [
+            close(
+                f"a prompt's logits after {hit} tokens from the CPU tier (of {blocks} blocks "
+                "another prompt's step stored) vs recomputed reference",
+                logits,
+                recomputed_logits(self.runner, [shared]),
+            )
+        ]
+
+    def op_step(self, rows: list[list[int]], token_seed: int, *guided) -> list[str | None]:
+        self.last_step = (rows, token_seed, *guided)
+        vocab = self.runner.model.config.vocab_size
+        requests, ordered, shape = self.requests(rows, token_seed)
         # the scheduler's bitmask of the guided rows, in its order; each row's disallowed tokens
         grammar, forbidden = None, {}
         if guided:
@@ -341,7 +552,7 @@ class Machine:
             for req_id, g, st in states:
                 forbidden[req_id] = set(range(vocab)) - set(g.allowed(st, vocab))
         before = self.kv_snapshot()
-        out = self.runner.execute_model(requests, grammar=grammar)
+        out = self.execute(requests, grammar=grammar)
         self.kv_clean = False
         replay = None
         replay_drafts = None
@@ -353,7 +564,7 @@ class Machine:
             )
             replay_drafts = self.draft_logits(len(requests))
             # in the rows the replay ran them in (swapping again would move the KV rows back)
-            out = self.runner.execute_model(ordered, use_cudagraph=False, grammar=grammar)
+            out = self.execute(ordered, use_cudagraph=False, grammar=grammar)
         label = "eager" if replay is None else "replayed"
         reference = step_reference(self.runner, ordered)
         problems = []
@@ -464,14 +675,26 @@ def invalid(program: dict) -> str | None:
         return "the learned gate serves no expert LoRA: lora off"
     if config["speculator"] == "padded" and config["draft"] and config["backend"] == "flashmla":
         return "the padded drafter's graphs replace the draft attention's: one of them"
+    draft = config["draft"] and config["backend"] == "flashmla"
+    if config["hybrid"] and (config["offload"] or draft):
+        return "a hybrid runner: no CPU tier, no draft attention"
+    padded = config["speculator"] == "padded"
+    if config["offload"] and (config["prefix_caching"] or padded or draft):
+        # the late compute stream holds the forward's launches only: the padded drafter's
+        # graphs and the draft attention run outside it (NaN, or a wild read, on the fixed
+        # runner: an emulation limit, not drawn)
+        return "a CPU tier: not with prefix caching, the padded drafter nor the draft attention"
     if config["prefix_caching"] and (config["tables_in_graph"] or config["window"]):
         return "prefix caching: not with tables_in_graph nor a sliding window"
-    active, asleep, captured = [], set(), False
+    active, asleep, captured, in_flight = [], set(), False, 0
     ops = ops if isinstance(ops, list) else [None]
     for i, op in enumerate(ops):
         why = _invalid_op(op, config, active, asleep, captured)
+        if not why and isinstance(op, list):
+            why = _invalid_async(op, config, in_flight)
         if why:
             return f"operation {i} {op!r}: {why}"
+        in_flight += {"submit": 1, "collect": -1}.get(op[0], 0)
         name = op[0]
         if name == "hot_add":
             full = config["lora"] and len(active) == config["max_loras"]
@@ -496,7 +719,8 @@ def invalid(program: dict) -> str | None:
 
 def _invalid_op(op, config, active, asleep, captured) -> str | None:
     arity = {"add_lora": 2, "remove_lora": 1, "dummy": 2, "capture": 0, "step": 2, "sleep": 1}
-    arity.update(wake=1, serve=2, hot_add=2, generate=2, reload=1)
+    arity.update(wake=1, serve=2, hot_add=2, generate=2, reload=1, submit=2, collect=0, engine=5)
+    arity.update(offload=2, fresh=2)
     guided = isinstance(op, list) and len(op) == 4 and op[0] == "step"
     if guided:
         op, guided_rows = op[:3], op[3]  # its grammars: checked at the end
@@ -508,8 +732,16 @@ def _invalid_op(op, config, active, asleep, captured) -> str | None:
         return None if ok else "a request served while a tag sleeps, of 1 to 32 tokens"
     if asleep and name != "wake":
         return "the worker sleeps: only wake (or serve)"
-    if name == "hot_add":  # its place in the program: checked by invalid()
+    if name in ("hot_add", "collect"):  # its place in the program: checked by invalid()
         return None
+    if name == "engine":
+        return _invalid_engine(*args)
+    if name == "fresh":
+        ok = not config["prefix_caching"] and 1 <= args[0] <= MAX_MODEL_LEN - 2
+        return None if ok else "fresh: no prefix caching, a prompt of 1 to 30 tokens"
+    if name == "offload":
+        ok = config["offload"] and 1 <= args[0] <= MAX_OFFLOAD_BLOCKS and isinstance(args[1], int)
+        return None if ok else f"a CPU tier (config offload), 1 to {MAX_OFFLOAD_BLOCKS} blocks"
     if name == "reload":
         return None if isinstance(args[0], int) and args[0] >= 0 else "a checkpoint's seed"
     if name == "generate":
@@ -531,6 +763,8 @@ def _invalid_op(op, config, active, asleep, captured) -> str | None:
         tokens, reqs = args
         return None if 1 <= reqs <= min(tokens, MAX_REQS) and tokens <= MAX_TOKENS else "sizes"
     rows = args[0]
+    if name == "submit" and any(r[0] for r in rows if isinstance(r, list) and r):
+        return "a submitted step's requests are lora 0's"
     if not isinstance(rows, list) or not all(
         isinstance(r, list) and len(r) in (3, 4) for r in rows
     ):
@@ -543,6 +777,59 @@ def _invalid_op(op, config, active, asleep, captured) -> str | None:
         if allowed and not 1 <= allowed[0] <= MAX_ALLOWED:
             return f"request {[lora, n, computed, *allowed]}: 1 to {MAX_ALLOWED} allowed tokens"
     return _invalid_guided(guided_rows, len(rows)) if guided else None
+
+
+def _invalid_async(op: list, config: dict, in_flight: int) -> str | None:
+    """Async scheduling's operations: at most config async steps in flight, only submit and
+    collect while any is; the engine with nothing in flight, no reorder, no prefix caching;
+    (with the async sampler) a guided step has no restricted request."""
+    name = op[0]
+    if name in ("submit", "collect", "engine") and not config["async"]:
+        return "async scheduling's operations need config async > 0"
+    if name == "submit" and in_flight >= config["async"]:
+        return f"at most {config['async']} steps in flight"
+    if name == "collect" and not in_flight:
+        return "no step in flight"
+    if in_flight and name not in ("submit", "collect"):
+        return "steps in flight: only submit or collect"
+    if name == "engine" and (
+        (config["reorder"] and len(op[1]) > 1)  # one request: nothing to swap
+        or config["prefix_caching"]
+    ):
+        return "the async engine: not with prefix caching, one request with reorder"
+    if config["async"] and name == "step" and len(op) == 4 and any(len(r) == 4 for r in op[1]):
+        return "with the async sampler a guided step has no restricted request"
+    return None
+
+
+def _invalid_engine(reqs, seed, k, budget, rejects) -> str | None:
+    """An engine op: 1 to MAX_ENGINE_REQS requests [prompt 1..MAX_PROMPT, max tokens
+    1..MAX_OUTPUT], 0 to MAX_DRAFTS drafts, a budget of 0 (none) or one every prompt and
+    every decode (1 + k tokens) fits, rejected steps' indices (distinct, >= 0)."""
+    ok = (
+        isinstance(reqs, list)
+        and 1 <= len(reqs) <= MAX_ENGINE_REQS
+        and all(
+            isinstance(r, list)
+            and len(r) == 2
+            and 1 <= r[0] <= MAX_PROMPT
+            and 1 <= r[1] <= MAX_OUTPUT
+            for r in reqs
+        )
+        and isinstance(seed, int)
+        and k in range(MAX_DRAFTS + 1)
+        and isinstance(rejects, list)
+        and all(isinstance(i, int) and 0 <= i < ENGINE_STEPS for i in rejects)
+        and len(set(rejects)) == len(rejects)
+    )
+    if not ok:
+        return (
+            f"the engine serves 1 to {MAX_ENGINE_REQS} [prompt <= {MAX_PROMPT}, max tokens <= "
+            f"{MAX_OUTPUT}], 0 to {MAX_DRAFTS} drafts, distinct rejected steps"
+        )
+    if (budget and budget < max(max(r[0] for r in reqs), 1 + k)) or budget > MAX_TOKENS:
+        return "a budget (0: none) that fits every prompt and every decode"
+    return None
 
 
 def _invalid_guided(guided, num_rows: int) -> str | None:

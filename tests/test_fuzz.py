@@ -246,6 +246,85 @@ def test_reader_configs_are_checked() -> None:
     assert invalid(json.loads(json.dumps(program))) is None
 
 
+def test_the_draw_reaches_steps_in_flight_the_engine_and_the_cpu_tier() -> None:
+    """Issue 41 item 3: async scheduling (steps in flight 1 to 3: submit, collect; the async
+    engine), a CPU KV tier and a smaller batch after a larger one with a speculator; drawn
+    last (a seed's earlier draws stay), valid for the state, and a program without these keys
+    and operations is valid too."""
+    import random
+
+    from repro.fuzz import draw_program
+
+    drawn = [draw_program(random.Random(n)) for n in range(300)]
+    assert {p["config"]["async"] for p in drawn} == {0, 1, 2, 3}
+    assert {p["config"]["offload"] for p in drawn} == {False, True}
+    assert {(p["config"]["hybrid"], p["config"]["backend"]) for p in drawn} == {
+        (h, b) for h in (False, True) for b in ("paged", "flashmla")
+    }
+    ops = [op for p in drawn for op in p["ops"]]
+    for name in ("submit", "collect", "engine", "offload", "fresh"):
+        assert any(op[0] == name for op in ops), name
+    engines = [op for op in ops if op[0] == "engine"]
+    assert {op[3] for op in engines} == {0, 1, 2} and any(op[4] for op in engines)
+    submits = [op for op in ops if op[0] == "submit"]
+    assert any(len(r) == 4 for op in submits for r in op[1]), "restricted submitted requests"
+    assert any(all(len(r) == 3 for r in op[1]) for op in submits), "unrestricted ones"
+    most = 0
+    for program in drawn:
+        config, ops = program["config"], program["ops"]
+        assert invalid(json.loads(json.dumps(program))) is None
+        in_flight = 0
+        for op in ops:
+            in_flight += {"submit": 1, "collect": -1}.get(op[0], 0)
+            assert 0 <= in_flight <= config["async"]
+            most = max(most, in_flight)
+        assert in_flight == 0, "every submitted step collected"
+        if config["offload"]:
+            assert not config["prefix_caching"] and config["speculator"] != "padded"
+            assert not config["hybrid"]
+        for i, op in enumerate(ops):  # a fresh request right after a wake of the last tag
+            assert op[0] != "fresh" or (ops[i - 1][0] == "wake" and config["hybrid"])
+        new = ("submit", "collect", "engine", "offload", "fresh")
+        kept = [op for op in ops if op[0] not in new]
+        plain = {k: v for k, v in config.items() if k not in ("async", "offload", "hybrid")}
+        assert invalid({"config": plain, "ops": kept}) is None
+    assert most == 3, "three steps in flight"
+
+
+def test_async_and_offload_operations_are_checked() -> None:
+    asynchronous = {**CONFIG, "async": 2}
+    submit = ["submit", [[0, 1, 3], [0, 2, 0, 4]], 5]
+    ok = [submit, submit, ["collect"], ["collect"], ["engine", [[4, 3]], 1, 2, 0, [1]]]
+    assert invalid({"config": asynchronous, "ops": ok}) is None
+    assert "async > 0" in invalid({"config": CONFIG, "ops": [submit]})
+    assert "at most 2" in invalid({"config": asynchronous, "ops": [submit] * 3})
+    assert "no step in flight" in invalid({"config": asynchronous, "ops": [["collect"]]})
+    busy = [submit, ["capture"]]
+    assert "only submit or collect" in invalid({"config": asynchronous, "ops": busy})
+    assert "lora 0" in invalid({"config": asynchronous, "ops": [["submit", [[1, 1, 0]], 0]]})
+    reorder = {**asynchronous, "reorder": True}
+    assert invalid({"config": reorder, "ops": [["engine", [[4, 3]], 1, 2, 0, []]]}) is None
+    two = ["engine", [[4, 3], [2, 3]], 1, 2, 0, []]
+    assert "reorder" in invalid({"config": reorder, "ops": [two]})
+    tight = ["engine", [[6, 3]], 1, 2, 4, []]  # a budget of 4 under a prompt of 6
+    assert "budget" in invalid({"config": asynchronous, "ops": [tight]})
+    guided = ["step", [[0, 1, 3, 2]], 0, [[0, 2, 1]]]
+    assert "guided" in invalid({"config": asynchronous, "ops": [guided]})
+    tier = {**CONFIG, "offload": True}
+    assert invalid({"config": tier, "ops": [["capture"], ["offload", 3, 7]]}) is None
+    assert "config offload" in invalid({"config": CONFIG, "ops": [["offload", 3, 7]]})
+    assert "prefix caching" in invalid({"config": {**tier, "prefix_caching": True}, "ops": []})
+    padded = {**tier, "speculator": "padded"}
+    assert "padded drafter" in invalid({"config": padded, "ops": []})
+    hybrid = {**CONFIG, "hybrid": True, "backend": "flashmla"}
+    ops = [["capture"], ["sleep", 1], ["wake", None], ["fresh", 9, 3], ["step", [[0, 1, 3]], 0]]
+    assert invalid({"config": hybrid, "ops": ops}) is None
+    assert "hybrid" in invalid({"config": {**hybrid, "offload": True}, "ops": []})
+    assert "hybrid" in invalid({"config": {**hybrid, "draft": True}, "ops": []})
+    caching = {**CONFIG, "prefix_caching": True}
+    assert "no prefix caching" in invalid({"config": caching, "ops": [["fresh", 9, 3]]})
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -79,10 +79,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: steps in flight (the async engine's execute_model_async, its copy "
-        "stream run late); a program runs one synchronous step at a time"
-    ),
     anchors=(
         (
             PART,

@@ -89,11 +89,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: the hybrid layout (a state group in group 0's blocks) and the "
-        "attention that loads whole pages (decode_backend trtllm) are no program "
-        "configuration"
-    ),
     anchors=(
         (
             PART,

@@ -87,11 +87,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: the programs configure no CPU tier (RunnerConfig.cache "
-        "cpu_offload_blocks) and no late compute stream, and no request of theirs hits a "
-        "prefix another one stored"
-    ),
     anchors=(
         (
             PART,

@@ -71,13 +71,6 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: found by seeds 1-4 within 180 s on the CPU (23, 12, 41, 5 s), seed "
-        "0 not in 182 s, twice (2026-11-27, a loaded 2-CPU machine), and not in 181 s "
-        "with the prefix-caching, reload and grammar draws (2026-11-28): programs draw the "
-        "draft prefill (config speculator), but a replay with fewer live requests than an "
-        "earlier batch whose last tokens lie past the replayed graph's tokens is rare"
-    ),
     anchors=(
         (
             PART,
