@@ -331,8 +331,11 @@ class _Batch:
             return
         run.cut = f"not finished: {why}"
         if run.pid is not None:
-            lifetime.kill_group(run.pid)
-            run.killed, run.deadline = True, time.monotonic() + REAP_AFTER_KILL_S
+            self._kill(run)
+
+    def _kill(self, run: _Run) -> None:
+        lifetime.kill_group(run.pid)
+        run.killed, run.deadline = True, time.monotonic() + REAP_AFTER_KILL_S
 
     def _weight(self, job: Job) -> int:
         """The processes a job runs at once: a run of ranks counts each rank (a rank on a GPU
@@ -455,9 +458,8 @@ class _Batch:
             elif run is not None and "pid" in message:
                 run.pid, run.deadline = message["pid"], time.monotonic() + run.job.limit_s
                 self._watch(run)
-                if run.cut:
-                    run.cut = ""
-                    self._cut(run, self.until() if self.until else "stopped")
+                if run.cut:  # stopped before its server answered
+                    self._kill(run)
             elif run is not None and "returncode" in message:
                 self._finish(run, message["returncode"])
             elif run is not None and "refused" in message:
@@ -501,8 +503,7 @@ class _Batch:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(run.pid, signal.SIGUSR1)
             elif not run.killed:
-                lifetime.kill_group(run.pid)
-                run.killed, run.deadline = True, now + REAP_AFTER_KILL_S
+                self._kill(run)
             else:
                 self._done(run, Outcome.TIMEOUT, "killed at its time limit, then never reaped")
 

@@ -191,16 +191,15 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
         for row in op[1] if op[0] == "step" else ():
             if rng.random() < 0.25:
                 row.append(rng.randint(1, MAX_ALLOWED))
-    served, asleep = [], set()  # after a partial wake, a request reaches the engine (one in 2)
-    for op in ops:
-        served.append(op)
-        if op[0] == "sleep":
-            asleep = {"weights", "kv_cache"}
-        elif op[0] == "wake":
-            asleep -= set(op[1] or asleep)
-            if asleep and rng.random() < 0.5:
-                served.append(["serve", rng.randint(1, 8), rng.randint(0, 99)])
-    ops[:] = served
+    # after a partial wake, a request reaches the engine (one in 2)
+    asleep = _after_wakes(
+        ops,
+        lambda asleep: (
+            ["serve", rng.randint(1, 8), rng.randint(0, 99)]
+            if asleep and rng.random() < 0.5
+            else None
+        ),
+    )
     active = []
     for op in ops:
         if op[0] == "add_lora":
@@ -331,16 +330,12 @@ def _draw_hybrid(rng: random.Random, config: dict, ops: list[list]) -> None:
             return
         at = rng.choice(places)
         ops[at:at] = [["sleep", rng.choice([1, 2])], ["wake", None]]
-    fresh, asleep = [], set()
-    for op in ops:
-        fresh.append(op)
-        if op[0] == "sleep":
-            asleep = {"weights", "kv_cache"}
-        elif op[0] == "wake":
-            asleep -= set(op[1] or asleep)
-            if not asleep:
-                fresh.append(["fresh", rng.randint(2, MAX_MODEL_LEN - 2), rng.randint(0, 99)])
-    ops[:] = fresh
+    _after_wakes(
+        ops,
+        lambda asleep: (
+            None if asleep else ["fresh", rng.randint(2, MAX_MODEL_LEN - 2), rng.randint(0, 99)]
+        ),
+    )
 
 
 def _in_flight(rng: random.Random, config: dict) -> list[list]:
@@ -399,6 +394,23 @@ def _draw_guided(rng: random.Random, ops: list[list]) -> None:
                 modulus = rng.randint(2, MAX_MODULUS)
                 guided.append([row, modulus, rng.randrange(modulus)])
             op.append(guided)
+
+
+def _after_wakes(ops: list[list], make) -> set[str]:
+    """Put after each wake in `ops` the operation `make(tags still asleep)` returns (None:
+    none); the tags asleep at the end."""
+    out, asleep = [], set()
+    for op in ops:
+        out.append(op)
+        if op[0] == "sleep":
+            asleep = {"weights", "kv_cache"}
+        elif op[0] == "wake":
+            asleep -= set(op[1] or asleep)
+            added = make(asleep)
+            if added is not None:
+                out.append(added)
+    ops[:] = out
+    return asleep
 
 
 def _awake_places(ops: list[list], start: int = 0) -> list[int]:

@@ -73,6 +73,25 @@ def test_a_row_past_its_allocation_names_its_last_tenants_blocks(device) -> None
     assert row[1:] == old[1:3] and row[0] == kv.blocks[1][0][0]
 
 
+def _drafting_runner(device: str, fixes, **config) -> ModelRunner:
+    """An eager runner without LoRA whose parallel drafter drafts one token, blocks of 4,
+    max_model_len 16."""
+    return ModelRunner(
+        runner_config(
+            device,
+            fixes,
+            enable_lora=False,
+            cudagraph_mode=CUDAGraphMode.NONE,
+            block_sizes=(4, 4),
+            max_num_tokens=16,
+            max_model_len=16,
+            num_speculative_tokens=1,
+            parallel_drafting=True,
+            **config,
+        )
+    )
+
+
 def test_rows_reach_past_max_model_len_and_the_drafter_stops_short_of_it(device) -> None:
     """Rows round max_model_len's blocks up to 128 tokens (upstream's since vLLM #39324): the
     columns past them are no request's, 0. A batch drafts only where every sequence's query
@@ -80,21 +99,7 @@ def test_rows_reach_past_max_model_len_and_the_drafter_stops_short_of_it(device)
     assert [row_width(n, 4) for n in (12, 128, 129)] == [32, 32, 64]
     assert row_width(9416, 32) == 296 and row_width(100, 256) == 1  # #39324's 295 blocks
     assert _kv(device).block_tables.block_tables[0].shape == (2, 32)
-    runner = ModelRunner(
-        runner_config(
-            device,
-            ALL_FIXES,
-            enable_lora=False,
-            cudagraph_mode=CUDAGraphMode.NONE,
-            block_sizes=(4, 4),
-            num_kv_blocks=16,
-            max_num_reqs=1,
-            max_num_tokens=16,
-            max_model_len=16,
-            num_speculative_tokens=1,
-            parallel_drafting=True,
-        )
-    )
+    runner = _drafting_runner(device, ALL_FIXES, num_kv_blocks=16, max_num_reqs=1)
     assert runner.execute_model([Request("A", tuple(range(1, 15)))]).drafts is not None
     runner.kv_cache.free(0)
     assert runner.execute_model([Request("L", tuple(range(1, 16)))]).drafts is None  # 15 + 2
@@ -105,21 +110,7 @@ def test_a_new_requests_query_block_stays_in_its_blocks(device, fixes) -> None:
     """X (row 1, 12 tokens) finishes; B (row 1, 3 tokens) drafts one token: its query block is
     positions 3 and 4. Fixed: both in B's blocks; without either part position 4 goes through
     row 1's stale entry 1 into X's second block."""
-    runner = ModelRunner(
-        runner_config(
-            device,
-            fixes,
-            enable_lora=False,
-            cudagraph_mode=CUDAGraphMode.NONE,
-            block_sizes=(4, 4),
-            num_kv_blocks=32,
-            max_num_reqs=2,
-            max_num_tokens=16,
-            max_model_len=16,
-            num_speculative_tokens=1,
-            parallel_drafting=True,
-        )
-    )
+    runner = _drafting_runner(device, fixes, num_kv_blocks=32, max_num_reqs=2)
     kv, drafter = runner.kv_cache, runner.drafter
     runner.execute_model([Request("W", (3,)), Request("X", tuple(range(1, 13)))])
     x1 = kv.blocks[1][0][1]
