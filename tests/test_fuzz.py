@@ -458,6 +458,59 @@ def test_counterexamples_found_while_building_stay_found(device, bug_id, found) 
             assert result.outcome.value == want, result.evidence
 
 
+# Found by `repro fuzz --device cuda --seed 2` on the FIXED runner (2026-11-28): a hybrid
+# runner's dummy run names block 0 in its tables and reads whole pages of it; block 0 was a
+# running request's state block (int32 -1: NaN as float32), so the dummy's outputs held NaN.
+# Upstream's BlockPool reserves block 0 (the null block); the hybrid runner now does too.
+HYBRID_DUMMY_AFTER_STEPS = {
+    "config": {
+        "mode": "NONE",
+        "sizes": [4],
+        "backend": "paged",
+        "draft": False,
+        "tables_in_graph": False,
+        "lora": True,
+        "max_loras": 2,
+        "specialize": False,
+        "kernel_blocks": "half",
+        "window": 0,
+        "moe": "hash",
+        "speculator": "none",
+        "extract": False,
+        "prompt_logprobs": False,
+        "reorder": True,
+        "prefix_caching": False,
+        "derived": False,
+        "async": 1,
+        "offload": False,
+        "hybrid": True,
+    },
+    "ops": [
+        ["submit", [[0, 1, 25], [0, 1, 20], [0, 1, 16], [0, 1, 16], [0, 1, 13]], 5],
+        ["collect"],
+        ["submit", [[0, 2, 18], [0, 1, 1], [0, 5, 5], [0, 3, 0]], 43],
+        ["collect"],
+        [
+            "submit",
+            [[0, 1, 18], [0, 1, 6], [0, 4, 15], [0, 5, 7], [0, 8, 10], [0, 8, 0], [0, 4, 26]],
+            18,
+        ],
+        ["collect"],
+        ["dummy", 11, 2],
+    ],
+}
+
+
+def test_a_hybrid_runners_dummy_run_reads_the_null_block(device) -> None:
+    """The fixed runner passes the program above: no request is ever given block 0."""
+    payload = json.dumps(HYBRID_DUMMY_AFTER_STEPS)
+    assert invalid(HYBRID_DUMMY_AFTER_STEPS) is None
+    with Isolator() as isolator:
+        job = Job("fuzz", "fuzz", TARGET, ALL_FIXES, device, EXAMPLE_TIMEOUT_S, payload=payload)
+        result = isolator.run(job)
+    assert result.outcome == Outcome.PASS, result.evidence
+
+
 class _Runs:
     """An isolator whose runs fail on every variant, or on the buggy one only."""
 

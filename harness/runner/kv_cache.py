@@ -6,9 +6,13 @@ NOTE: a freed block keeps its bytes, and its prefix-cache entry, until it is tak
 next tenant reads whatever it does not overwrite (vLLM #35219), and a cache hit reads whatever
 the block holds now (after a sleep: the wake's poison, vLLM #22726).
 
-NOTE: with a sliding window, block 0 of every group is the null block (upstream's BlockPool
-null_block): never a request's, the table entry of every block freed because it left the
-window. It holds NaN (poison): a position read through it shows.
+NOTE: with a sliding window, or in a hybrid runner, block 0 of every group is the null block
+(upstream's BlockPool null_block, which every runner reserves): never a request's. A dummy run's
+table entries name it: a hybrid runner's decode reads its whole pages, so one of a request's state
+blocks there would read as NaN (its int32 -1). With a window it is also the entry of every block
+freed because it left the window, and holds NaN (poison): a position read through it shows.
+Other runners still hand it out (their dummy runs read no page past their positions); reserving
+it there too moves every seeded allocation, the scenarios' included.
 
 NOTE: the metadata of a step is views of persistent buffers (input buffers, block tables, slot
 mappings), refreshed in place every step: a captured graph, and the attention a PIECEWISE
@@ -30,7 +34,7 @@ from harness.runner.mamba import state_pages
 from harness.runner.sleep_mode import TaggedPools
 
 TAG = "kv_cache"
-NULL_BLOCK = 0  # with a sliding window: the entry of a block freed out of the window
+NULL_BLOCK = 0  # reserved with a window or in a hybrid runner (see above)
 
 
 @dataclass(eq=False)
@@ -103,7 +107,7 @@ class KVCache:
         self.free_lists = [
             torch.randperm(self.num_blocks, generator=gen).tolist() for _ in self.block_sizes
         ]
-        if self.sliding_window:
+        if self.sliding_window or self.hybrid:
             self.free_lists = [[b for b in ids if b != NULL_BLOCK] for ids in self.free_lists]
         self.blocks: dict[int, list[list[int]]] = {}  # row -> each group's block ids
         self.state_blocks: dict[int, int] = {}  # row -> its state block, one of group 0's
@@ -132,7 +136,7 @@ class KVCache:
         return row not in self.running
 
     def _null(self, block: int) -> bool:
-        return bool(self.sliding_window) and block == NULL_BLOCK
+        return bool(self.sliding_window or self.hybrid) and block == NULL_BLOCK
 
     def remove_skipped_blocks(self, row: int, num_computed_tokens: int) -> None:
         """Free the row's blocks wholly before the window of position `num_computed_tokens`

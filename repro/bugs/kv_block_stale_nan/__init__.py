@@ -81,7 +81,8 @@ RECORD = BugRecord(
                 graph_modes=("NONE",),
                 sleep_levels=(1, 2),
                 wakes=WAKES[:2],
-                # a pool of 3 blocks: each serve after a wake is given the last one's blocks
+                # a pool of 3 blocks and the null block: each serve after a wake is given the
+                # last one's blocks
                 states=("hybrid groups", "freed block reused by a new request"),
             ),
             signature=NAN_LOGITS,

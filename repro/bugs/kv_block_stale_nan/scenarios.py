@@ -13,7 +13,7 @@ from harness.runner.input_batch import Request
 from harness.runner.model_runner import ModelRunner, RunnerConfig, runner_config
 from harness.runner.worker import Worker
 
-POOL = 3  # blocks per group: one request's state block and two pages of group 0
+POOL = 4  # blocks per group: the null block, one request's state block and two pages of group 0
 FIRST, SECOND = [1, 2, 3, 4, 5], [9, 8, 7, 6, 5]  # 5 tokens: page 1 of group 0 holds one
 THIRD = [3, 1, 4, 1]  # 4 tokens: page 0 full, page 1 given by the decode step (length 5)
 NEW_TOKENS = 2  # the prefill, then a decode step at length 6: slots 2-3 of page 1 unused
@@ -60,10 +60,11 @@ def recycled_state_block(ctx: Context) -> str:
     """A hybrid runner (a Mamba-like state group whose blocks are group 0's: each request's
     state block is a value page read as int32, -1 where empty) with a decode kernel that loads
     whole KV pages and masks unused slots by their weight, 0 (TRTLLM's and FA3's way), and a
-    pool of 3 blocks per group. Request A (5 tokens, 2 decode steps) holds a state block and two
-    pages of group 0, then finishes; request B (5 tokens) is given A's blocks back: its state
-    block is A's page 1, and its page 1 is A's state block, still holding A's -1 words
-    (0xFFFFFFFF: NaN read as float32 or bfloat16) in the slots B has not written yet.
+    pool of 3 blocks per group besides the null block. Request A (5 tokens, 2 decode steps)
+    holds a state block and two pages of group 0, then finishes; request B (5 tokens) is given
+    A's blocks back: its state block is A's page 1, and its page 1 is A's state block, still
+    holding A's -1 words (0xFFFFFFFF: NaN read as float32 or bfloat16) in the slots B has not
+    written yet.
 
     Then request C (4 tokens: page 0 full) is given B's blocks back: its prefill takes one
     page, and its decode step, crossing into page 1, is given B's state block, holding B's -1
