@@ -172,7 +172,7 @@ class _Run:
     exited: bool = False  # forked: the child is gone, its server has yet to report it
     timed_out: bool = False  # past its limit: asked for its stacks, then killed
     killed: bool = False
-    cut: str = ""  # stopped unfinished (run_all's `until` named why): its result is `skipped`
+    cut: str = ""  # stopped unfinished (run_all's `until` or `drop` said why): `skipped`
 
 
 class Isolator:
@@ -272,6 +272,7 @@ class Isolator:
         stop_on_failure: bool = False,
         then: Callable[[Result], Job | None] | None = None,
         until: Callable[[], str] | None = None,
+        drop: Callable[[], dict[Job, str]] | None = None,
     ) -> list[Result]:
         """Run jobs, at most `workers` at once; results in job order, `on_result` sees each
         as it ends. `stop_on_failure`: after the first failure, start nothing more (the jobs
@@ -279,10 +280,12 @@ class Isolator:
         before any job still waiting; its result follows the given jobs', in the order they were
         asked for. `until`: asked after each result; once it names a reason, nothing more
         starts and the runs in flight are killed, each of those `skipped` with that reason (a
-        check whose verdict is settled). Raises Interrupted on Ctrl-C, after killing everything
-        it started."""
+        check whose verdict is settled). `drop`: asked after each result; the runs of the jobs
+        it names are killed and their waiting copies skipped, each with its reason (a twin whose
+        copy passed). Raises Interrupted on Ctrl-C, after killing everything it started."""
         batch = _Batch(self, list(jobs), max(1, workers or os.cpu_count() or 1), on_result)
         batch.stop_on_failure, batch.then, batch.until = stop_on_failure, then, until
+        batch.drop = drop
         try:
             return batch.run()
         except KeyboardInterrupt:
@@ -302,6 +305,7 @@ class _Batch:
     stop_on_failure = False
     then: Callable[[Result], Job | None] | None = None
     until: Callable[[], str] | None = None
+    drop: Callable[[], dict[Job, str]] | None = None
 
     def run(self) -> list[Result]:
         while self.pending or self.running:
@@ -312,6 +316,11 @@ class _Batch:
                 self._skip_pending(f"not run: {why}")
                 for run in self.running:
                     self._cut(run, why)
+            for job, why in (self.drop() if self.drop else {}).items():
+                self._skip_pending(f"not run: {why}", job)
+                for run in self.running:
+                    if run.job == job:
+                        self._cut(run, why)
             while self.pending and self._fits(self.jobs[self.pending[0]]):
                 self._start(self.pending.popleft())
             if self.running:
@@ -319,10 +328,12 @@ class _Batch:
                 self._enforce_deadlines()
         return [self.results[i] for i in range(len(self.jobs))]
 
-    def _skip_pending(self, why: str) -> None:
-        for i in self.pending:
+    def _skip_pending(self, why: str, job: Job | None = None) -> None:
+        """Skip the waiting runs (of `job` only, when given)."""
+        skipped = [i for i in self.pending if job is None or self.jobs[i] == job]
+        for i in skipped:
             self.results[i] = Result(self.jobs[i], Outcome.SKIPPED, why, 0.0)
-        self.pending.clear()
+        self.pending = collections.deque(i for i in self.pending if i not in skipped)
 
     def _cut(self, run: _Run, why: str) -> None:
         """Stop a run in flight, unfinished (its result: skipped); a fork not yet answered by

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -306,10 +307,16 @@ def cmd_check(args: argparse.Namespace) -> int:
                 first = isolator.run_all(p.jobs, 1, stop_on_failure=True)
                 failed = [r.job for r in first if r.outcome.is_failure]
                 again = {} if args.no_confirm else _by_job(isolator.run_all(failed))
+            elif args.no_confirm:
+                first, again = isolator.run_all(p.jobs), {}
             else:  # a failure's confirming run starts as soon as it failed (one at a time)
-                confirm = None if args.no_confirm else _Confirm(lambda r, a: find(r, a).counted)
-                ran = isolator.run_all(p.jobs, then=confirm, until=confirm and confirm.stop)
-                first, again = ran[: len(p.jobs)], _by_job(ran[len(p.jobs) :])
+                twins = _twins(p.jobs, p.device)  # confirming runs started with the first ones
+                confirm = _Confirm(lambda r, a: find(r, a).counted, twins)
+                ran = isolator.run_all(
+                    [*p.jobs, *twins], then=confirm, until=confirm.stop, drop=confirm.drop
+                )
+                first = [confirm.firsts.get(job, r) for job, r in zip(p.jobs, ran, strict=False)]
+                again = confirm.again
         except Interrupted:
             print(f"{p.label}: cannot test: interrupted")
             return EXIT_CANNOT_TEST
@@ -336,37 +343,62 @@ def cmd_check(args: argparse.Namespace) -> int:
     return code
 
 
+def _twins(jobs: tuple[Job, ...], device: str) -> list[Job]:
+    """Second runs to start beside the first ones, on CPUs the check would leave idle: a
+    scenario's run and its twin are its two runs, whichever ends first being the first (a
+    failure's twin is its confirmation; a pass stops its twin). Not on a GPU, where every run
+    queues its context's work behind the others' (docs/measurements/speed.md), nor for ranks."""
+    if device != "cpu":
+        return []
+    idle = (os.cpu_count() or 1) - sum(max(1, job.ranks) for job in jobs)
+    return [job for job in jobs if job.ranks == 1][: max(0, idle)]
+
+
 class _Confirm:
-    """One failure at a time gets a confirming run (the same job again, its own child), as soon
-    as it failed; once one confirmation counts, the verdict is settled (exit 1) and the other
-    failures stay unconfirmed. A confirmation that does not count (flaky, or under --symptom an
+    """A scenario's second run confirms its failure: its twin (_twins), or else a confirming
+    run (the same job again, its own child) started as soon as it failed, one failure at a
+    time; once one confirmation counts, the verdict is settled (exit 1) and the other failures
+    stay unconfirmed. A confirmation that does not count (flaky, or under --symptom an
     undocumented class) hands over to the next failure. Once settled, the scenarios still
     running are stopped and those waiting never start (`skipped`, the reason given): a GPU
     queues its contexts' work, two CPUs run two children at once, so each run saved is time off
     the check. `repro matrix` runs every scenario to its end."""
 
-    def __init__(self, counts: Callable[[Result, Result], bool]) -> None:
-        self.counts = counts
-        self.firsts: dict[Job, Result] = {}
+    def __init__(self, counts: Callable[[Result, Result], bool], twins=()) -> None:
+        self.counts, self.twins = counts, set(twins)
+        self.firsts: dict[Job, Result] = {}  # each scenario's run that ended first
+        self.again: dict[Job, Result] = {}  # a failure's second run, ended
         self.waiting: collections.deque[Job] = collections.deque()
         self.in_flight: Job | None = None
         self.settled_by: str = ""  # the scenario whose confirmation settled the verdict
+        self.passed: dict[Job, str] = {}  # twins no longer needed, for run_all's `drop`
 
     def __call__(self, result: Result) -> Job | None:
         job = result.job
-        if job == self.in_flight:  # a confirmation
-            self.in_flight = None
-            if self.counts(self.firsts[job], result):
-                self.settled_by = job.scenario
-                self.waiting.clear()
+        first = self.firsts.setdefault(job, result)
+        if first is result:  # a scenario's first run to end
+            if not result.outcome.is_failure:
+                if job in self.twins:
+                    self.passed[job] = f"{job.scenario} passed (its twin is not needed)"
                 return None
-            return self._next()
-        if not result.outcome.is_failure or job in self.firsts:
+            if job not in self.twins and not self.settled_by:
+                self.waiting.append(job)  # its twin, in flight, is its confirmation
+            return self._next() if self.in_flight is None else None
+        if not first.outcome.is_failure or result.outcome == Outcome.SKIPPED:
+            return None  # a twin stopped: its copy passed, or the verdict was settled
+        self.again[job] = result
+        if job == self.in_flight:
+            self.in_flight = None
+        if self.counts(first, result):
+            self.settled_by = job.scenario
+            self.waiting.clear()
             return None
-        self.firsts[job] = result
-        if not self.settled_by:
-            self.waiting.append(job)
         return self._next() if self.in_flight is None else None
+
+    def drop(self) -> dict[Job, str]:
+        """The twins whose copy passed (run_all stops them)."""
+        passed, self.passed = self.passed, {}
+        return passed
 
     def _next(self) -> Job | None:
         self.in_flight = self.waiting.popleft() if self.waiting else None

@@ -384,6 +384,55 @@ def test_a_check_confirms_one_failure_at_a_time_until_one_counts() -> None:
     assert confirm(Result(c, wrong, "", 1.0)) is None  # settled: c stays unconfirmed
 
 
+def test_a_twin_is_the_confirmation_and_a_pass_stops_it() -> None:
+    """A scenario run twice from the start (a twin, on CPUs the check would leave idle): the
+    run that ends second confirms a failure, no third run starts; a pass ends the twin."""
+    from harness.isolate import Job, Result
+    from harness.outcome import Outcome
+    from repro.check import _Confirm
+
+    a, b, c = (Job("bug", name, "m:f", frozenset(), "cpu", 60.0) for name in "abc")
+    wrong, ok, skipped = Outcome.WRONG_RESULT, Outcome.PASS, Outcome.SKIPPED
+    confirm = _Confirm(lambda first, again: first.outcome == again.outcome, (a, b, c))
+    assert confirm(Result(b, ok, "", 1.0)) is None and list(confirm.drop()) == [b]
+    assert confirm.drop() == {}  # asked once
+    assert confirm(Result(b, skipped, "not finished", 1.0)) is None and b not in confirm.again
+    assert confirm(Result(c, wrong, "", 1.0)) is None  # its twin, in flight, confirms it
+    assert confirm(Result(c, ok, "", 1.0)) is None and not confirm.settled_by  # flaky
+    assert confirm(Result(a, wrong, "", 1.0)) is None
+    assert confirm(Result(a, wrong, "", 1.0)) is None and confirm.settled_by == "a"
+    assert confirm.again[a].outcome == wrong and confirm.firsts[c].outcome == wrong
+
+
+def test_twins_fill_idle_cpus_only(monkeypatch) -> None:
+    import dataclasses
+
+    from harness.isolate import Job
+    from repro.check import _twins
+
+    a, b = (Job("bug", name, "m:f", frozenset(), "cpu", 60.0) for name in "ab")
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert _twins((a,), "cpu") == [a] and _twins((a, b), "cpu") == []
+    assert _twins((dataclasses.replace(a, ranks=2),), "cpu") == []  # ranks: never
+    cuda = dataclasses.replace(a, device="cuda")
+    assert _twins((cuda,), "cuda") == []  # a GPU queues every run's context work
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert _twins((a, b), "cpu") == [a, b]
+
+
+@pytest.mark.moe_align_grid
+@pytest.mark.parametrize(("variant", "code"), [("buggy", 1), ("fixed", 0)])
+def test_a_one_scenario_check_gives_its_verdict(tmp_path, device, variant, code) -> None:
+    """One scenario (a twin beside it where a CPU is idle): exit 1 with the failure confirmed
+    by a second run of the same class, or 0."""
+    path = tmp_path / "check.json"
+    argv = ("check", "moe_align_grid", "--variant", variant, "--scenario", "last_slot_rows")
+    done = entry_point(*argv, "--device", device, "--json", str(path))
+    assert done.returncode == code, done.stdout
+    (row,) = json.loads(path.read_text())["results"]
+    assert row["confirmation"] == (row["outcome"] if code else None), row
+
+
 def test_a_buggy_check_leaves_the_other_failures_unconfirmed(tmp_path, device) -> None:
     path = tmp_path / "check.json"
     argv = ("check", "moe_align_grid", "--variant", "buggy", "--scenario", "last_slot_rows")

@@ -105,6 +105,22 @@ def test_until_stops_the_runs_in_flight_and_starts_no_more(isolator) -> None:
     assert [r.evidence for r in results[2:]] == ["not run: settled"] * 2
 
 
+def test_drop_stops_one_jobs_runs(isolator) -> None:
+    """`drop` names a job once its copy passed: its run in flight is killed and its waiting
+    copy never starts, each `skipped` with the reason; the other jobs run."""
+    names = ["passes", "hangs", "wrong", "hangs"]
+    seen: list = []
+    once = iter([{job("hangs"): "its copy passed"}])
+    drop = lambda: next(once, {}) if any(r.job.scenario == "passes" for r in seen) else {}
+    t0 = time.monotonic()
+    results = isolator.run_all([job(n) for n in names], workers=2, on_result=seen.append, drop=drop)
+    assert time.monotonic() - t0 < 30, "the hanging run was not stopped"
+    outcomes = [Outcome.PASS, Outcome.SKIPPED, Outcome.WRONG_RESULT, Outcome.SKIPPED]
+    assert [r.outcome for r in results] == outcomes
+    assert results[1].evidence == "not finished: its copy passed"
+    assert results[3].evidence == "not run: its copy passed"
+
+
 def test_a_run_of_ranks_takes_a_worker_per_rank() -> None:
     """--jobs counts processes: a run of N ranks holds N workers (each rank on a GPU holds a
     CUDA context), and a run larger than the workers runs alone."""
