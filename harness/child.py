@@ -161,6 +161,8 @@ def prepare_cuda(ctx: Context) -> str:
 def main(request: dict, started: float) -> None:
     """Run, write the report atomically, and leave without interpreter teardown."""
     lifetime.arm_own_time_limit(request["timeout_s"])
+    if request.get("nice"):  # a check's twin: the first runs keep the CPUs
+        os.nice(request["nice"])
     faulthandler.enable()
     # At the time limit the parent asks where a hung child stands (evidence), then kills it.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -86,6 +86,9 @@ class Job:
     payload: str = ""  # handed to the function as Context.payload (a fuzz program, as JSON)
     dtype: str = "float32"  # handed over as Context.dtype: the runner's dtype
     ranks: int = 1  # > 1: the child coordinates so many rank processes (harness.ranks)
+    # the child's niceness (a check's twin yields the CPUs to the first runs); not part of what
+    # the job is: a twin equals its job
+    nice: int = dataclasses.field(default=0, compare=False)
 
     @property
     def limit_s(self) -> float:
@@ -106,12 +109,13 @@ class Job:
             spec["dtype"] = self.dtype
         if self.ranks > 1:
             spec["ranks"] = self.ranks
-        return {
+        request = {
             "spec": spec,
             "report": str(directory / "report.json"),
             "log": str(directory / "output.log"),
             "timeout_s": self.limit_s,
         }
+        return {**request, "nice": self.nice} if self.nice else request
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import shutil
@@ -343,15 +344,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     return code
 
 
+TWIN_NICE = 10  # a twin's niceness (os.nice): it yields to the first runs and to other work
+
+
 def _twins(jobs: tuple[Job, ...], device: str) -> list[Job]:
     """Second runs to start beside the first ones, on CPUs the check would leave idle: a
     scenario's run and its twin are its two runs, whichever ends first being the first (a
-    failure's twin is its confirmation; a pass stops its twin). Not on a GPU, where every run
-    queues its context's work behind the others' (docs/measurements/speed.md), nor for ranks."""
+    failure's twin is its confirmation; a pass stops its twin). Idle means beyond the load
+    average too: on a 2-CPU machine under other work a twin slowed a one-scenario fixed check
+    by about 40% (docs/measurements/speed.md). A twin runs at a lower priority. Not on a GPU,
+    where every run queues its context's work behind the others', nor for ranks."""
     if device != "cpu":
         return []
-    idle = (os.cpu_count() or 1) - sum(max(1, job.ranks) for job in jobs)
-    return [job for job in jobs if job.ranks == 1][: max(0, idle)]
+    busy = round(os.getloadavg()[0])  # other work's: a loaded machine has no idle CPU to give
+    idle = (os.cpu_count() or 1) - busy - sum(max(1, job.ranks) for job in jobs)
+    twins = [job for job in jobs if job.ranks == 1][: max(0, idle)]
+    return [dataclasses.replace(job, nice=TWIN_NICE) for job in twins]
 
 
 class _Confirm:

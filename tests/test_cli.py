@@ -412,12 +412,16 @@ def test_twins_fill_idle_cpus_only(monkeypatch) -> None:
 
     a, b = (Job("bug", name, "m:f", frozenset(), "cpu", 60.0) for name in "ab")
     monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("os.getloadavg", lambda: (0.2, 0.0, 0.0))
     assert _twins((a,), "cpu") == [a] and _twins((a, b), "cpu") == []
+    assert _twins((a,), "cpu")[0].nice > 0  # it yields to the first runs
     assert _twins((dataclasses.replace(a, ranks=2),), "cpu") == []  # ranks: never
     cuda = dataclasses.replace(a, device="cuda")
     assert _twins((cuda,), "cuda") == []  # a GPU queues every run's context work
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     assert _twins((a, b), "cpu") == [a, b]
+    monkeypatch.setattr("os.getloadavg", lambda: (1.6, 0.0, 0.0))  # other work: 2 CPUs busy
+    assert _twins((a, b), "cpu") == []
 
 
 @pytest.mark.moe_align_grid
