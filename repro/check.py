@@ -350,16 +350,25 @@ TWIN_NICE = 10  # a twin's niceness (os.nice): it yields to the first runs and t
 def _twins(jobs: tuple[Job, ...], device: str) -> list[Job]:
     """Second runs to start beside the first ones, on CPUs the check would leave idle: a
     scenario's run and its twin are its two runs, whichever ends first being the first (a
-    failure's twin is its confirmation; a pass stops its twin). Idle means beyond the load
-    average too: on a 2-CPU machine under other work a twin slowed a one-scenario fixed check
-    by about 40% (docs/measurements/speed.md). A twin runs at a lower priority. Not on a GPU,
+    failure's twin is its confirmation; a pass stops its twin). Idle means beyond other work
+    too: on a 2-CPU machine under other work a twin slowed a one-scenario fixed check by about
+    40% (docs/measurements/speed.md). A twin runs at a lower priority. Not on a GPU,
     where every run queues its context's work behind the others', nor for ranks."""
     if device != "cpu":
         return []
-    busy = round(os.getloadavg()[0])  # other work's: a loaded machine has no idle CPU to give
-    idle = (os.cpu_count() or 1) - busy - sum(max(1, job.ranks) for job in jobs)
+    idle = (os.cpu_count() or 1) - _busy() - sum(max(1, job.ranks) for job in jobs)
     twins = [job for job in jobs if job.ranks == 1][: max(0, idle)]
     return [dataclasses.replace(job, nice=TWIN_NICE) for job in twins]
+
+
+def _busy() -> int:
+    """CPUs other work holds now: the processes running at this instant besides this one (the
+    kernel's count; a load average would count this check's own last runs)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return max(0, int(f.read().split()[3].split("/")[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        return round(os.getloadavg()[0])
 
 
 class _Confirm:

@@ -412,7 +412,7 @@ def test_twins_fill_idle_cpus_only(monkeypatch) -> None:
 
     a, b = (Job("bug", name, "m:f", frozenset(), "cpu", 60.0) for name in "ab")
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    monkeypatch.setattr("os.getloadavg", lambda: (0.2, 0.0, 0.0))
+    monkeypatch.setattr("repro.check._busy", lambda: 0)
     assert _twins((a,), "cpu") == [a] and _twins((a, b), "cpu") == []
     assert _twins((a,), "cpu")[0].nice > 0  # it yields to the first runs
     assert _twins((dataclasses.replace(a, ranks=2),), "cpu") == []  # ranks: never
@@ -420,7 +420,7 @@ def test_twins_fill_idle_cpus_only(monkeypatch) -> None:
     assert _twins((cuda,), "cuda") == []  # a GPU queues every run's context work
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     assert _twins((a, b), "cpu") == [a, b]
-    monkeypatch.setattr("os.getloadavg", lambda: (1.6, 0.0, 0.0))  # other work: 2 CPUs busy
+    monkeypatch.setattr("repro.check._busy", lambda: 2)  # other work holds 2 CPUs
     assert _twins((a, b), "cpu") == []
 
 
