@@ -403,6 +403,12 @@ class _Confirm:
             return self._next() if self.in_flight is None else None
         if not first.outcome.is_failure or result.outcome == Outcome.SKIPPED:
             return None  # a twin stopped: its copy passed, or the verdict was settled
+        if job in self.twins and Outcome.TIMEOUT == result.outcome != first.outcome:
+            # a twin starved at its lower priority tells nothing: a plain confirmation decides
+            self.twins.discard(job)
+            if not self.settled_by:
+                self.waiting.append(job)
+            return self._next() if self.in_flight is None else None
         self.again[job] = result
         if job == self.in_flight:
             self.in_flight = None
@@ -419,7 +425,8 @@ class _Confirm:
 
     def _next(self) -> Job | None:
         self.in_flight = self.waiting.popleft() if self.waiting else None
-        return self.in_flight
+        # at the normal priority, whichever copy (a twin's) the failure came from
+        return self.in_flight and dataclasses.replace(self.in_flight, nice=0)
 
     def stop(self) -> str:
         """Why the rest need not run: exit 1 is settled, whatever they would show (a confirmed

@@ -402,6 +402,12 @@ def test_a_twin_is_the_confirmation_and_a_pass_stops_it() -> None:
     assert confirm(Result(a, wrong, "", 1.0)) is None
     assert confirm(Result(a, wrong, "", 1.0)) is None and confirm.settled_by == "a"
     assert confirm.again[a].outcome == wrong and confirm.firsts[c].outcome == wrong
+    d = Job("bug", "d", "m:f", frozenset(), "cpu", 60.0, nice=10)  # a twin's copy
+    confirm = _Confirm(lambda first, again: first.outcome == again.outcome, (d,))
+    assert confirm(Result(d, wrong, "", 1.0)) is None
+    rerun = confirm(Result(d, Outcome.TIMEOUT, "", 60.0))  # starved: a plain rerun decides
+    assert rerun == d and rerun.nice == 0 and d not in confirm.again
+    assert confirm(Result(d, wrong, "", 1.0)) is None and confirm.settled_by == "d"
 
 
 def test_twins_fill_idle_cpus_only(monkeypatch) -> None:
