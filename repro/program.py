@@ -488,7 +488,7 @@ class Machine:
         # a scarce pool (config engine_blocks): each group's free list's head only (the
         # blocks taken next); the rest held back until the engine is done
         keep = with_defaults(self.config)["engine_blocks"] or None
-        held = [ids[: -keep] if keep else [] for ids in kv.free_lists]
+        held = [ids[:-keep] if keep else [] for ids in kv.free_lists]
         kv.free_lists = [ids[len(h) :] for ids, h in zip(kv.free_lists, held, strict=True)]
         gen = torch.Generator().manual_seed(token_seed)
         vocab = self.runner.model.config.vocab_size
