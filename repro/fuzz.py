@@ -361,25 +361,32 @@ def _draw_engine_states(rng: random.Random, config: dict, ops: list[list]) -> No
 
 def _rollback_engine(rng: random.Random, one: bool = False) -> list:
     """An engine's run under a sliding window of 8 whose rollbacks reach behind the blocks the
-    window freed: one or two long requests (prompts of 6 to 8, four to six tokens: a request's
-    count passes the window and a block), two drafts a decode, most steps' drafts rejected (a
-    rollback of two where the window's start just passed a block's end: one step in two)."""
-    from repro.program import MAX_DRAFTS, MAX_OUTPUT, MAX_PROMPT
+    window freed: one or two requests of the longest prompt (their counts pass the window and
+    a block by the first decode), three or four tokens, two drafts a decode, most steps' drafts
+    rejected (a rollback of two where the window's start just passed a block's end)."""
+    from repro.program import MAX_DRAFTS, MAX_PROMPT
 
-    count, max_tokens = 1 if one else rng.randint(1, 2), rng.randint(4, MAX_OUTPUT)
-    reqs = [[rng.randint(6, MAX_PROMPT), max_tokens] for _ in range(count)]
+    count, max_tokens = 1 if one else rng.randint(1, 2), rng.randint(3, 4)
     rejects = [i for i in range(12) if rng.random() < 0.7]
-    return ["engine", reqs, rng.randint(0, 99), MAX_DRAFTS, 0, rejects]
+    return [
+        "engine",
+        [[MAX_PROMPT, max_tokens]] * count,
+        rng.randint(0, 99),
+        MAX_DRAFTS,
+        0,
+        rejects,
+    ]
 
 
 def _scarce_engine(rng: random.Random) -> list:
-    """An engine's run on a scarce pool (config engine_blocks): two or three requests whose
-    blocks outgrow it (the last running one preempted, resumed in a later step), a budget one
-    time in three (fitting a preempted request's prefill again), rejected steps."""
-    from repro.program import MAX_DRAFTS, MAX_OUTPUT, MAX_PROMPT
+    """An engine's run on a scarce pool (config engine_blocks): two or three long requests of
+    two or three tokens whose blocks outgrow it (the last running one preempted, resumed in a
+    later step), a budget one time in three (fitting a preempted request's prefill again),
+    rejected steps."""
+    from repro.program import MAX_DRAFTS, MAX_PROMPT
 
-    count, max_tokens = rng.randint(2, 3), rng.randint(3, MAX_OUTPUT)
-    reqs = [[rng.randint(4, MAX_PROMPT), max_tokens] for _ in range(count)]
+    count, max_tokens = rng.randint(2, 3), rng.randint(2, 3)
+    reqs = [[rng.randint(6, MAX_PROMPT), max_tokens] for _ in range(count)]
     k = rng.choice((0, 1, *[MAX_DRAFTS] * 2))
     budget = 0
     if rng.random() < 1 / 3:
