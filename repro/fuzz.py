@@ -343,9 +343,10 @@ def _draw_hybrid(rng: random.Random, config: dict, ops: list[list]) -> None:
 def _draw_engine_states(rng: random.Random, config: dict, ops: list[list]) -> None:
     """The states the engine's runs reach, drawn again for the engine operations already drawn
     (drawn last: the earlier draws stay): under a sliding window, rollbacks over the blocks
-    it freed (`_rollback_engine`); else, one such program in two without a hybrid runner or a
-    backend that reorders (one request, which a scarce pool never preempts), a scarce pool
-    (config engine_blocks) that two or three requests outgrow (`_scarce_engine`)."""
+    it freed (`_rollback_engine`); else, four such programs in five without a hybrid runner
+    (its rows' state blocks go uncounted) or a backend that reorders (one request, which a
+    scarce pool never preempts), a scarce pool (config engine_blocks) that two or three
+    requests outgrow (`_scarce_engine`)."""
     from repro.program import ENGINE_BLOCKS
 
     config["engine_blocks"] = 0
