@@ -122,7 +122,8 @@ WEIGHTED = {
     "backend": ("flashmla", "paged", "flashmla"),
     "lora": (False, True, True),
 }
-DRAWN_LAST = ("async", "offload", "hybrid")  # set by _draw_async, _draw_offload, _draw_hybrid
+# set by _draw_async, _draw_offload, _draw_hybrid, _draw_engine_states
+DRAWN_LAST = ("async", "offload", "hybrid", "engine_blocks")
 DECODE = (True, True, False)  # a step is a uniform decode batch, or a mixed one
 SETUP_CAPTURE = (True, True, True, False)  # the set-up captures (else a later operation may)
 
@@ -224,6 +225,7 @@ def _draw_readers(rng: random.Random, config: dict, ops: list[list]) -> None:
     _draw_offload(rng, config, ops)
     _draw_smaller_after_larger(rng, config, ops)
     _draw_hybrid(rng, config, ops)
+    _draw_engine_states(rng, config, ops)
 
 
 ASYNC = (0, 0, 0, 1, 2, 3)  # async scheduling in one program in two: steps in flight, at most
@@ -336,6 +338,63 @@ def _draw_hybrid(rng: random.Random, config: dict, ops: list[list]) -> None:
             None if asleep else ["fresh", rng.randint(2, MAX_MODEL_LEN - 2), rng.randint(0, 99)]
         ),
     )
+
+
+def _draw_engine_states(rng: random.Random, config: dict, ops: list[list]) -> None:
+    """The states the engine's runs reach, drawn again for the engine operations already drawn
+    (drawn last: the earlier draws stay): under a sliding window, rollbacks over the blocks
+    it freed (`_rollback_engine`); else, four such programs in five without a hybrid runner
+    (its rows' state blocks go uncounted) or a backend that reorders (one request, which a
+    scarce pool never preempts), a scarce pool (config engine_blocks) that two or three
+    requests outgrow (`_scarce_engine`)."""
+    from repro.program import ENGINE_BLOCKS
+
+    config["engine_blocks"] = 0
+    engines = [op for op in ops if op[0] == "engine"]
+    if config["window"]:
+        for op in engines:
+            op[1:] = _rollback_engine(rng, one=config["reorder"])[1:]
+    elif engines and not config["hybrid"] and not config["reorder"] and rng.random() < 0.8:
+        config["engine_blocks"] = ENGINE_BLOCKS
+        for op in engines:
+            op[1:] = _scarce_engine(rng)[1:]
+
+
+def _rollback_engine(rng: random.Random, one: bool = False) -> list:
+    """An engine's run under a sliding window of 8 whose rollbacks reach behind the blocks the
+    window freed: one or two requests of the longest prompt (their counts pass the window and
+    a block by the first decode), three or four tokens, two drafts a decode, most steps' drafts
+    rejected (a rollback of two where the window's start just passed a block's end)."""
+    from repro.program import MAX_DRAFTS, MAX_PROMPT
+
+    count, max_tokens = 1 if one else rng.randint(1, 2), rng.randint(3, 4)
+    rejects = [i for i in range(12) if rng.random() < 0.7]
+    return [
+        "engine",
+        [[MAX_PROMPT, max_tokens]] * count,
+        rng.randint(0, 99),
+        MAX_DRAFTS,
+        0,
+        rejects,
+    ]
+
+
+def _scarce_engine(rng: random.Random) -> list:
+    """An engine's run on a scarce pool (config engine_blocks): two or three long requests of
+    two or three tokens whose blocks outgrow it (the last running one preempted, resumed in a
+    later step), a budget one time in three (fitting a preempted request's prefill again),
+    rejected steps."""
+    from repro.program import MAX_DRAFTS, MAX_PROMPT
+
+    count, max_tokens = rng.randint(2, 3), rng.randint(2, 3)
+    reqs = [[rng.randint(6, MAX_PROMPT), max_tokens] for _ in range(count)]
+    k = rng.choice((0, 1, *[MAX_DRAFTS] * 2))
+    budget = 0
+    if rng.random() < 1 / 3:
+        least = max(n + m for n, m in reqs)
+        budget = rng.randint(least, least + 4)
+    rejects = [i for i in range(12) if rng.random() < 0.4]
+    return ["engine", reqs, rng.randint(0, 99), k, budget, rejects]
 
 
 def _in_flight(rng: random.Random, config: dict) -> list[list]:

@@ -53,7 +53,10 @@ attention); operations:
                               (0: none), every draft of the launched steps `rejects` rejected
                               (a sliding window: config window); each launched step's logits
                               vs the reference (a run whose batch rows part from its KV rows,
-                              which the engine's model cannot serve, ends unchecked)
+                              which the engine's model cannot serve, ends unchecked). Config
+                              engine_blocks N > 0 (not hybrid): the engine gets N free blocks
+                              a group, the rest held back while it runs (its requests preempt
+                              and resume; a budget fits each prompt with its max tokens)
   ["fresh", tokens, seed]     no prefix caching, nothing in flight: a new request in row 0 of
                               `tokens` seeded tokens, its prefill and one decode step, finished
                               (as generate): right after a KV wake its new pages hold the wake's
@@ -87,6 +90,12 @@ from harness.runner.model_runner import ModelOutput, RunnerConfig
 from harness.runner.model_runner import runner_config as flat_config
 from harness.runner.structured_output import ToyGrammar, grammar_bitmask
 from harness.runner.worker import Worker
+
+MAX_ENGINE_REQS, MAX_PROMPT, MAX_OUTPUT, MAX_DRAFTS = 3, 8, 6, 2  # an engine op's requests
+ENGINE_STEPS = 64  # the engine's steps at most (its requests finish well before)
+# a scarce engine pool (config engine_blocks), blocks a group: a request alone fits it, its
+# optimistic count at most its prompt, its outputs and two steps' drafts (18 tokens, blocks of 4)
+ENGINE_BLOCKS = 5
 
 # config key -> the values a program may hold (repro/fuzz.py draws from these)
 CONFIG = {
@@ -127,6 +136,9 @@ CONFIG = {
     # whose split-KV decode (backend flashmla) loads whole pages (TRTLLM's): no draft
     # attention, no CPU tier
     "hybrid": (False, True),
+    # the async engine's pool: at most this many free blocks a group (0: the whole pool), the
+    # rest held back while an engine operation runs: its requests preempt and resume
+    "engine_blocks": (0, ENGINE_BLOCKS),
 }
 # keys added since programs were first kept: a program without one holds its first value
 LATER_KEYS = (
@@ -142,6 +154,7 @@ LATER_KEYS = (
     "async",
     "offload",
     "hybrid",
+    "engine_blocks",
 )
 MAX_MODEL_LEN, MAX_TOKENS, MAX_REQS = 32, 32, 8
 MAX_ALLOWED = 8  # a restricted request's allowed_token_ids, at most
@@ -149,8 +162,6 @@ MAX_MODULUS = 5  # a guided request's toy grammar allows one token id in `modulu
 BLOCK_SIZES = (4, 16)
 HYBRID_KV_BLOCKS = 80  # per group: every row's state block and pages fit in group 0
 OFFLOAD_BLOCK, OFFLOAD_CPU_BLOCKS, MAX_OFFLOAD_BLOCKS = 4, 256, 6  # the tier's; an op's prompt
-MAX_ENGINE_REQS, MAX_PROMPT, MAX_OUTPUT, MAX_DRAFTS = 3, 8, 6, 2  # an engine op's requests
-ENGINE_STEPS = 64  # the engine's steps at most (its requests finish well before)
 
 
 def with_defaults(config: dict) -> dict:
@@ -469,11 +480,16 @@ class Machine:
 
     def op_engine(self, reqs, token_seed: int, k: int, budget: int, rejects) -> list[str | None]:
         """The async engine serves `reqs` ([prompt length, max tokens]) to their ends from
-        freed rows: every launched step's logits vs the float64 reference of the host's final
-        tokens (async_oracle)."""
+        freed rows (on a scarce pool: config engine_blocks): every launched step's logits vs
+        the float64 reference of the host's final tokens (async_oracle)."""
         kv = self.runner.kv_cache
         for row in list(kv.blocks):
             kv.free(row)
+        # a scarce pool (config engine_blocks): each group's free list's head only (the
+        # blocks taken next); the rest held back until the engine is done
+        keep = with_defaults(self.config)["engine_blocks"] or None
+        held = [ids[:-keep] if keep else [] for ids in kv.free_lists]
+        kv.free_lists = [ids[len(h) :] for ids, h in zip(kv.free_lists, held, strict=True)]
         gen = torch.Generator().manual_seed(token_seed)
         vocab = self.runner.model.config.vocab_size
         scheduler = AsyncScheduler(kv, self.ctx.fixes, k, budget)
@@ -502,6 +518,9 @@ class Machine:
             for row in list(kv.blocks):
                 kv.free(row)
             return []
+        finally:
+            for ids, h in zip(kv.free_lists, held, strict=True):
+                ids[:0] = h  # the held blocks queue up behind the free ones
         unfinished = [q.req_id for q in scheduler.waiting + scheduler.running]
         if unfinished:
             return [f"the async engine left {unfinished} unfinished after {ENGINE_STEPS} steps"]
@@ -686,6 +705,9 @@ def invalid(program: dict) -> str | None:
         return "a CPU tier: not with prefix caching, the padded drafter nor the draft attention"
     if config["prefix_caching"] and (config["tables_in_graph"] or config["window"]):
         return "prefix caching: not with tables_in_graph nor a sliding window"
+    if config["engine_blocks"] and (not config["async"] or config["hybrid"]):
+        # a hybrid runner's new row takes a state block the scheduler does not count
+        return "a scarce engine pool (engine_blocks): async > 0, not a hybrid runner"
     active, asleep, captured, in_flight = [], set(), False, 0
     ops = ops if isinstance(ops, list) else [None]
     for i, op in enumerate(ops):
@@ -797,6 +819,8 @@ def _invalid_async(op: list, config: dict, in_flight: int) -> str | None:
         or config["prefix_caching"]
     ):
         return "the async engine: not with prefix caching, one request with reorder"
+    if name == "engine" and config["engine_blocks"] and not _invalid_engine(*op[1:]):
+        return _invalid_scarce(op[1:])
     if config["async"] and name == "step" and len(op) == 4 and any(len(r) == 4 for r in op[1]):
         return "with the async sampler a guided step has no restricted request"
     return None
@@ -829,6 +853,16 @@ def _invalid_engine(reqs, seed, k, budget, rejects) -> str | None:
         )
     if (budget and budget < max(max(r[0] for r in reqs), 1 + k)) or budget > MAX_TOKENS:
         return "a budget (0: none) that fits every prompt and every decode"
+    return None
+
+
+def _invalid_scarce(engine: list) -> str | None:
+    """An engine op on a scarce pool: a budget fits a preempted request's prefill again (its
+    prompt and outputs: no chunked prefill here). (Every request fits the pool alone:
+    ENGINE_BLOCKS.)"""
+    reqs, budget = engine[0], engine[3]
+    if budget and budget < max(n + max_tokens for n, max_tokens in reqs):
+        return "a scarce pool: a budget (0: none) that fits a preempted request's prefill again"
     return None
 
 

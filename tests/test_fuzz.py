@@ -286,7 +286,8 @@ def test_the_draw_reaches_steps_in_flight_the_engine_and_the_cpu_tier() -> None:
             assert op[0] != "fresh" or (ops[i - 1][0] == "wake" and config["hybrid"])
         new = ("submit", "collect", "engine", "offload", "fresh")
         kept = [op for op in ops if op[0] not in new]
-        plain = {k: v for k, v in config.items() if k not in ("async", "offload", "hybrid")}
+        later = ("async", "offload", "hybrid", "engine_blocks")
+        plain = {k: v for k, v in config.items() if k not in later}
         assert invalid({"config": plain, "ops": kept}) is None
     assert most == 3, "three steps in flight"
 
@@ -323,6 +324,92 @@ def test_async_and_offload_operations_are_checked() -> None:
     assert "hybrid" in invalid({"config": {**hybrid, "draft": True}, "ops": []})
     caching = {**CONFIG, "prefix_caching": True}
     assert "no prefix caching" in invalid({"config": caching, "ops": [["fresh", 9, 3]]})
+
+
+def test_the_draw_reaches_preemption_and_rollbacks_over_window_frees() -> None:
+    """Issue 41 item 3, third round: the engine's runs drawn again, last (a seed's earlier
+    draws stay): on a scarce pool (config engine_blocks: two or three long requests, which
+    preempt and resume), and under a sliding window (long prompts, two drafts, most steps
+    rejected); valid, plain JSON, and valid without the new key."""
+    import random
+
+    from repro.fuzz import draw_program
+    from repro.program import (
+        BLOCK_SIZES,
+        ENGINE_BLOCKS,
+        MAX_DRAFTS,
+        MAX_OUTPUT,
+        MAX_PROMPT,
+    )
+
+    # a request alone always fits the scarce pool: its optimistic count is at most its prompt,
+    # its outputs and two steps' drafts
+    assert ENGINE_BLOCKS * min(BLOCK_SIZES) >= MAX_PROMPT + MAX_OUTPUT + 2 * MAX_DRAFTS
+    drawn = [draw_program(random.Random(n)) for n in range(300)]
+    assert {p["config"]["engine_blocks"] for p in drawn} == {0, ENGINE_BLOCKS}
+    scarce = rollbacks = 0
+    for program in drawn:
+        config, ops = program["config"], program["ops"]
+        assert invalid(json.loads(json.dumps(program))) is None
+        engines = [op for op in ops if op[0] == "engine"]
+        if config["engine_blocks"]:
+            assert engines and config["async"] and not config["hybrid"] and not config["window"]
+            assert all(len(op[1]) >= 2 for op in engines), "requests that outgrow the pool"
+            scarce += 1
+            plain = {k: v for k, v in config.items() if k != "engine_blocks"}
+            assert invalid({"config": plain, "ops": ops}) is None
+        if config["window"] and engines:
+            assert all(op[3] == MAX_DRAFTS and not op[4] for op in engines)
+            assert all(n >= 6 for op in engines for n, _ in op[1]), "counts past the window"
+            rollbacks += 1
+    assert scarce >= 15 and rollbacks >= 15, (scarce, rollbacks)
+
+
+def test_a_scarce_engine_pool_is_checked() -> None:
+    scarce = {**CONFIG, "lora": False, "async": 1, "engine_blocks": 5}
+    three = ["engine", [[8, 6], [7, 6], [5, 6]], 3, 2, 0, [1, 4]]
+    assert invalid({"config": scarce, "ops": [three]}) is None
+    assert "async > 0" in invalid({"config": {**scarce, "async": 0}, "ops": []})
+    assert "hybrid" in invalid({"config": {**scarce, "hybrid": True}, "ops": []})
+    assert "engine_blocks" in invalid({"config": {**scarce, "engine_blocks": 4}, "ops": []})
+    # a preempted request prefills its prompt and outputs again: a budget must fit them
+    tight = ["engine", [[8, 6], [7, 6]], 3, 2, 13, []]
+    assert "prefill again" in invalid({"config": scarce, "ops": [tight]})
+    assert invalid({"config": {**scarce, "engine_blocks": 0}, "ops": [tight]}) is None
+    fits = ["engine", [[8, 6], [7, 6]], 3, 2, 14, []]
+    assert invalid({"config": scarce, "ops": [fits]}) is None
+
+
+# async_placeholder_leak's preemption path as a program: three requests outgrow a scarce pool
+SCARCE = {
+    "config": {**CONFIG, "mode": "NONE", "lora": False, "async": 1, "engine_blocks": 5},
+    "ops": [["engine", [[5, 6], [7, 6], [7, 6]], 35, 1, 0, [0, 2, 9, 11]]],
+}
+
+
+@pytest.mark.async_placeholder_leak
+def test_a_scarce_pool_preempts_and_resumes(device) -> None:
+    """Drawn by seed 0 (repro fuzz async_placeholder_leak --variant buggy --seed 0), shrunk by
+    hand: on a pool of five blocks a group the last running request is preempted with its step
+    in flight and resumes later: the buggy runner's -1 placeholder reaches the embedding, the
+    fixed one serves every request to its end, its logits as the reference; the held-back
+    blocks come back (a step after the engine)."""
+    program = {**SCARCE, "ops": [*SCARCE["ops"], ["step", [[0, 8, 0]] * 4, 3]]}
+    assert invalid(program) is None
+    bug = get("async_placeholder_leak")
+    with Isolator() as isolator:
+        for fixes, want in ((bug.buggy_variant, "device_assert"), (ALL_FIXES, "pass")):
+            job = Job(
+                bug.id,
+                "fuzz",
+                TARGET,
+                fixes,
+                device,
+                EXAMPLE_TIMEOUT_S,
+                payload=json.dumps(program),
+            )
+            result = isolator.run(job)
+            assert result.outcome.value == want, result.evidence
 
 
 @pytest.mark.parametrize(

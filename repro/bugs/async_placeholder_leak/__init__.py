@@ -84,12 +84,7 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: found by seed 2 within 180 s on the CPU (76 s), seeds 0, 1, 3 and 4 "
-        "not in 180 s (2026-11-28, a loaded 2-CPU machine): programs draw the async engine "
-        "(config async, operation engine) with a token budget that skips a request for a "
-        "step, but no preemption (64 blocks a group never run out)"
-    ),
+    fuzz="",
     anchors=(
         (
             PART,

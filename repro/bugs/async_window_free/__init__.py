@@ -85,13 +85,7 @@ RECORD = BugRecord(
     ),
     package=__name__,
     fidelity=FIDELITY,
-    fuzz=(
-        "not drawn yet: found by seeds 0, 1 and 4 within 180 s on the CPU (53, 33, 97 s), "
-        "seeds 2 and 3 not in 183 s (72, 94 programs; 2026-11-28, a loaded 2-CPU machine): "
-        "programs draw the async engine (config async, operation engine: drafts, rejected "
-        "steps) under a sliding window (config window 8, one program in six), but a rollback "
-        "of rejected drafts over a block the window just freed is rare with blocks of 4 and 16"
-    ),
+    fuzz="",
     anchors=(
         (
             PART,
