@@ -551,25 +551,12 @@ def test_counterexamples_found_while_building_stay_found(device, bug_id, found) 
 # Upstream's BlockPool reserves block 0 (the null block); the hybrid runner now does too.
 HYBRID_DUMMY_AFTER_STEPS = {
     "config": {
+        **CONFIG,
         "mode": "NONE",
-        "sizes": [4],
-        "backend": "paged",
-        "draft": False,
-        "tables_in_graph": False,
-        "lora": True,
-        "max_loras": 2,
-        "specialize": False,
         "kernel_blocks": "half",
-        "window": 0,
         "moe": "hash",
-        "speculator": "none",
-        "extract": False,
-        "prompt_logprobs": False,
         "reorder": True,
-        "prefix_caching": False,
-        "derived": False,
         "async": 1,
-        "offload": False,
         "hybrid": True,
     },
     "ops": [
