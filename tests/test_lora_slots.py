@@ -75,3 +75,46 @@ def test_the_step_reloads_an_evicted_adapter_with_its_own_weights(device) -> Non
     assert torch.equal(runner.model.head_b[:, 1], head_b[0])  # adapter 1 now in slot 1
     runner.remove_lora(2)
     assert 2 not in runner.registered_loras
+
+
+def _last_row(t: torch.Tensor, dim: int, row: int) -> int:
+    """The storage index, in elements, of the last element of `row` along `dim` in t."""
+    others = sum(
+        (s - 1) * st for d, (s, st) in enumerate(zip(t.shape, t.stride(), strict=True)) if d != dim
+    )
+    return t.storage_offset() + others + row * t.stride(dim)
+
+
+def test_stale_metadata_of_a_larger_batch_stays_in_the_activations_room(device, monkeypatch):
+    """A memo that keeps a 5-token prefill's metadata into a 2-token decode (the mutant
+    either_key_unchanged_skips) names rows 2-4. Every tensor a LoRA kernel reaches through it
+    has room for them: on the CPU a row past a tensor's storage was the host's heap, and the
+    interpreter's stores there crashed some runs and not others."""
+    import harness.runner.lora as lora
+
+    runner = ModelRunner(runner_config(device, cudagraph_mode=CUDAGraphMode.NONE))
+    for lora_id in (1, 2):
+        runner.add_lora(lora_id, seed=10 + lora_id, experts=False)
+    runner.execute_model([Request("a", (3, 5, 7), 1), Request("b", (11, 2), 2)])
+    manager = runner.lora_manager._adapter_manager
+    monkeypatch.setattr(manager, "set_adapter_mapping", lambda mapping: None)  # kept stale
+    seen = []
+
+    def checked(kernel, row_dims):
+        def run(*args, **kwargs):
+            meta = args[3]
+            named = int(meta.num_tokens_per_lora.sum())
+            top = int(meta.token_indices_sorted_by_lora_ids[:named].max())
+            for t, dim in zip(args[:3], row_dims, strict=True):
+                if dim is not None:
+                    room = t.untyped_storage().nbytes() // t.element_size()
+                    seen.append((kernel.__name__, tuple(t.shape), top))
+                    assert _last_row(t, dim, top) < room, (kernel.__name__, t.shape, top)
+            return kernel(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(lora, "lora_shrink", checked(lora.lora_shrink, (0, None, 1)))
+    monkeypatch.setattr(lora, "lora_expand", checked(lora.lora_expand, (1, None, 0)))
+    runner.execute_model([Request("a", (9,), 1, 3), Request("b", (4,), 2, 2)])
+    assert any(shape[0] == 2 and top == 4 for _, shape, top in seen), seen
