@@ -1,4 +1,11 @@
-"""Triton's interpreter (every CPU run) without its largest overhead.
+"""Triton's interpreter (every CPU run) without its largest overhead, and with a GPU's slack
+around small tensors.
+
+A kernel that strays a few elements past a small tensor reads and writes its GPU allocator
+segment silently; on the CPU the same stores corrupted the host's heap, and a run crashed or
+did not. Each launch runs on copies of its small CPU tensors' storages with poison on both
+sides (`_with_slack`); what the kernel wrote through a copy is written back after it. A wild
+address still faults (SIGSEGV, illegal_address), as on a GPU.
 
 The interpreter re-patches `triton.language` on every call of a @triton.jit helper: tl.sum,
 tl.max and tl.zeros are such helpers, as are the project's own (attend_positions, _lora_rows).
@@ -41,6 +48,7 @@ import dataclasses
 import inspect
 from collections.abc import Callable
 
+import torch
 import triton.language as tl
 
 
@@ -72,10 +80,19 @@ def install() -> bool:
 
     def run_launch(self, *args, **kwargs):
         patched.append(set())
+        copies: dict[int, tuple] = {}
+        args = tuple(_with_slack(a, copies) for a in args)
+        kwargs = {k: _with_slack(v, copies) for k, v in kwargs.items()}
         try:
             return launch(self, *args, **kwargs)
         finally:
             patched.pop()
+            # back: only the bytes the launch wrote through each copy (a kernel may also
+            # write through addresses it was given in a table: those are in the original)
+            for original, before, padded in copies.values():
+                after = padded[SLACK : SLACK + original.numel()]
+                written = after != before
+                original[written] = after[written]
 
     def patch_once(fn):
         langs = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
@@ -97,6 +114,39 @@ def install() -> bool:
     if isinstance(tl.sum, getattr(interpreter, "InterpretedFunction", ())):  # interpreting:
         _intern_block_types()  # the compiler, which shares the type layer, is left as shipped
     return True
+
+
+# Bytes of poison before and after each small tensor argument's storage while a kernel
+# interprets. Storages larger than LARGE (the KV and weight pools: copying them every launch
+# made the CPU matrix 2.3x slower) run in place.
+SLACK = LARGE = 1 << 16
+POISON_BYTE = 0x7F  # int32 0x7F7F7F7F, float32 3.4e38: no index or value a kernel expects
+
+
+def _with_slack(arg, copies: dict[int, tuple]):
+    """A CPU tensor argument as the same view of a copy of its storage that has SLACK bytes of
+    poison on each side (one copy per storage, so views of one storage stay views of one).
+
+    NOTE: on a GPU, memory just past a tensor is the caching allocator's segment: a kernel that
+    strays a few rows out reads and writes it silently, and only a wild address faults. A CPU
+    tensor ends where malloc's block does: the same stray stores corrupted the host's heap and
+    crashed some runs and not others. With the slack, they land in poison that is dropped
+    after the launch, every run; a wild address still faults (SIGSEGV: illegal_address).
+    """
+    if not isinstance(arg, torch.Tensor) or arg.device.type != "cpu":
+        return arg
+    storage = arg.untyped_storage()
+    if storage.nbytes() > LARGE:
+        return arg
+    found = copies.get(storage.data_ptr())
+    if found is None:
+        original = torch.empty(0, dtype=torch.uint8).set_(storage)
+        padded = torch.full((original.numel() + 2 * SLACK,), POISON_BYTE, dtype=torch.uint8)
+        padded[SLACK : SLACK + original.numel()] = original
+        copies[storage.data_ptr()] = found = (original, original.clone(), padded)
+    offset = SLACK // arg.element_size() + arg.storage_offset()
+    view = torch.empty(0, dtype=arg.dtype)
+    return view.set_(found[2].untyped_storage(), offset, arg.size(), arg.stride())
 
 
 def _skip_dropped_overflow_checks(interpreter) -> None:

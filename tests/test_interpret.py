@@ -177,3 +177,29 @@ def test_the_compiler_keeps_the_shipped_type_layer() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False"]
     assert "__new__" in vars(tl.core.block_type)  # this process interprets: interned
+
+
+@triton.jit
+def _stray(x_ptr, y_ptr, out_ptr, N: tl.constexpr):
+    """Reads the 4 ints past x's N and writes 99 over them; copies y[0] to y[1] (one storage
+    with x when y is a view of it)."""
+    past = N + tl.arange(0, 4)
+    tl.store(out_ptr + tl.arange(0, 4), tl.load(x_ptr + past))
+    tl.store(x_ptr + past, tl.full([4], 99, tl.int32))
+    tl.store(y_ptr + 1, tl.load(y_ptr))
+
+
+def test_a_stray_access_past_a_small_tensor_reads_poison_and_writes_nothing() -> None:
+    """As on a GPU, where memory past a small tensor is its allocator segment's: a kernel that
+    strays a few elements out reads garbage (poison here, every run) and its stores there hit
+    nothing the program owns. Views of one storage stay one memory within the launch."""
+    assert interpret.install()
+    base = torch.arange(8, dtype=torch.int32)
+    x, y, out = base[:4], base[4:], torch.zeros(4, dtype=torch.int32)
+    _stray[(1,)](x, y, out, N=8)  # past the whole storage (x's storage is base's, 8 ints)
+    poison = int.from_bytes(bytes([interpret.POISON_BYTE] * 4), "little", signed=True)
+    assert out.tolist() == [poison] * 4
+    assert base.tolist() == [0, 1, 2, 3, 4, 4, 6, 7], "the stores past it land nowhere; y[1]=y[0]"
+    big = torch.zeros(interpret.LARGE // 4 + 8, dtype=torch.int32)  # a pool: run in place
+    _stray[(1,)](big[:4], big[4:], out, N=4)
+    assert big[4:8].tolist() == [99, 99, 99, 99] and out.tolist() == [0, 0, 0, 0]

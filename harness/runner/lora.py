@@ -145,8 +145,6 @@ class PunicaWrapper:
         specialize: bool = False,
     ):
         self.specialize = specialize
-        # the most rows the token and prompt metadata can name (activations' room: model.py)
-        self.token_rows, self.request_rows = max_num_tokens, max_num_reqs
         with poisoned_allocations():
             # [0]: added-vocab offsets (unused here), [1]: offsets into the stacked LoRA embedding
             self._embeddings_indices = torch.empty(

@@ -216,21 +216,6 @@ class TinyLoRADecoder:
         self.expert_a[slot], self.expert_b[slot] = 0.0, 0.0
         self.adapter_enabled[slot] = 0
 
-    def _rows(self, room: int, *shape: int, dim: int = 0, dtype=None) -> torch.Tensor:
-        """An empty tensor of `shape` whose dimension `dim` is rows a LoRA kernel reaches
-        through the punica metadata: a view of the first rows of `room` (the most rows the
-        metadata can name; 0: no more than asked).
-
-        NOTE: metadata left from a larger batch names rows past this batch's (lora_slot_memo's
-        relatives). On the GPU such rows are memory of the caching allocator's segment: read
-        and written silently. A CPU tensor ends where malloc's block does, and the
-        interpreter's stray stores corrupted the host's heap: a crash, or not, by run. With
-        the room, both devices read and write rows of this tensor that nothing reads back."""
-        dtype = self.dtype if dtype is None else dtype
-        full = list(shape)
-        full[dim] = max(room, shape[dim])
-        return torch.empty(full, dtype=dtype, device=self.device).narrow(dim, 0, shape[dim])
-
     def forward(
         self,
         batch: InputBatch,
@@ -241,19 +226,17 @@ class TinyLoRADecoder:
         """(hidden [num_tokens, hidden], logits [num_reqs, vocab]) of the padded batch;
         wrappers[i] serves PREFIXES[i] (None: no LoRA)."""
         c = self.config
-        room = 0 if wrappers is None else wrappers[1].token_rows
         h = self._embed(batch.input_ids, wrappers, launch)
-        h = self._mlp(self._attention(0, h, attn, launch, room), wrappers, launch)
+        h = self._mlp(self._attention(0, h, attn, launch), wrappers, launch)
         h = self._moe(self._attention(1, h, attn, launch), batch, wrappers, launch)
         rows = batch.logits_indices.shape[0]
-        room = 0 if wrappers is None else wrappers[3].request_rows
-        sample = self._rows(room, rows, c.hidden_size)
+        sample = torch.empty(rows, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(torch.index_select, h, 0, batch.logits_indices, out=sample)
-        logits = self._rows(room, rows, c.vocab_size)
+        logits = torch.empty(rows, c.vocab_size, dtype=self.dtype, device=self.device)
         head_t = self.head.T if self.derived is None else self.derived.tensors["head_t"]
         launch(torch.mm, sample, head_t, out=logits)
         if wrappers is not None:
-            buffer = self._rows(room, 1, rows, c.max_lora_rank, dim=1, dtype=torch.float32)
+            buffer = torch.empty(1, rows, c.max_lora_rank, device=self.device)
             wrappers[3].add_lora_logits(
                 logits, sample, self.head_a, self.head_b, c.lora_scale, buffer, launch
             )
@@ -261,13 +244,12 @@ class TinyLoRADecoder:
 
     def _embed(self, input_ids, wrappers, launch: Launcher) -> torch.Tensor:
         c, n = self.config, input_ids.shape[0]
-        room = 0 if wrappers is None else wrappers[0].token_rows
-        h = self._rows(room, n, c.hidden_size)
+        h = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
         embed = self.embed if self.derived is None else self.derived.tensors["embed_f32"]
         if wrappers is None:
             launch(_embed_base, input_ids, embed, h)
         else:
-            a_rows = self._rows(room, 1, n, c.max_lora_rank, dim=1)
+            a_rows = torch.empty(1, n, c.max_lora_rank, dtype=self.dtype, device=self.device)
             offsets = wrappers[0].embeddings_indices[1, :n]
             launch(_embed, input_ids, offsets, embed, self.embed_a, h, a_rows)
             wrappers[0].add_lora_embedding(h, a_rows, self.embed_b, launch)
@@ -276,12 +258,10 @@ class TinyLoRADecoder:
 
     def _mlp(self, h, wrappers, launch: Launcher) -> torch.Tensor:
         c, n = self.config, h.shape[0]
-        room = 0 if wrappers is None else wrappers[1].token_rows
-        y = self._rows(room, n, c.hidden_size)
+        y = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(torch.mm, h, self.mlp.T, out=y)
         if wrappers is not None:
-            shape = (self.LAYER_SLICES, n, c.max_lora_rank)
-            buffer = self._rows(room, *shape, dim=1, dtype=torch.float32)
+            buffer = torch.empty(self.LAYER_SLICES, n, c.max_lora_rank, device=self.device)
             wrappers[1].add_lora_linear(y, h, self.mlp_a, self.mlp_b, c.lora_scale, buffer, launch)
         launch(torch.relu_, y)
         return y
@@ -335,10 +315,7 @@ class TinyLoRADecoder:
         launch(moe_finalize, *args, skip_invalid=skip)
         return y
 
-    def _attention(
-        self, i: int, h, attn: AttentionMetadata, launch: Launcher, room: int = 0
-    ) -> torch.Tensor:
-        """Layer i's attention block; its output has `room` rows (see _rows)."""
+    def _attention(self, i: int, h, attn: AttentionMetadata, launch: Launcher) -> torch.Tensor:
         c, n = self.config, h.shape[0]
         heads, dim = c.num_heads, c.hidden_size // c.num_heads
         normed = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
@@ -354,7 +331,7 @@ class TinyLoRADecoder:
         for out, w in ((q, wq), (k, wk), (v, wv)):
             launch(torch.mm, normed, w.T, out=out.view(n, c.hidden_size))
         launch.outside_graph(self.attention_op, i, q, k, v, o, attn, launch)
-        out = self._rows(room, n, c.hidden_size)
+        out = torch.empty(n, c.hidden_size, dtype=self.dtype, device=self.device)
         launch(torch.addmm, h, o.view(n, c.hidden_size), wo.T, out=out)
         return out
 
