@@ -90,3 +90,21 @@ def test_any_access_to_a_sleeping_tag_faults(device, name) -> None:
     with Isolator() as isolator:
         result = isolator.run(Job("test", name, f"tests.children:{name}", ALL_FIXES, device, 120))
     assert result.outcome == Outcome.ILLEGAL_ADDRESS, result.evidence
+
+
+def test_an_arena_has_poison_either_side_that_never_sleeps() -> None:
+    """A kernel that strays a little before or past a CuMem range reads other mapped memory on
+    the GPU; before or past a bare mmap it read another arena or nothing, by run (a stale
+    stride of -1 read before the tables: wrong_result or SIGSEGV). Each CPU arena sits between
+    margins of poison, mapped while it sleeps."""
+    from harness.runner.sleep_mode import GUARD, POISON_BYTE
+
+    pools = ArenaPools(capacity_bytes=1024)
+    first = pools.empty("kv_cache", (4,), torch.int32).fill_(7)
+    whole = torch.frombuffer(pools.maps["kv_cache"], dtype=torch.uint8)
+    assert first.data_ptr() - whole.data_ptr() == GUARD
+    pools.sleep()
+    margins = (whole[:GUARD], whole[GUARD + mmap.PAGESIZE :])
+    assert all(bool(m.eq(POISON_BYTE).all()) and m.numel() == GUARD for m in margins)
+    pools.wake_up()
+    assert first.tolist() == [-1] * 4, "discarded: poison, as before"

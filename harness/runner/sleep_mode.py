@@ -22,6 +22,7 @@ import torch
 TAGS = ("weights", "kv_cache")
 POISON_BYTE = 0xFF
 ALIGN = 256  # bytes; every arena allocation starts on this boundary
+GUARD = 1 << 16  # bytes of poison on each side of a CPU arena (a multiple of the page size)
 
 
 class TaggedPools(abc.ABC):
@@ -69,8 +70,15 @@ class ArenaPools(TaggedPools):
 
     def __init__(self, capacity_bytes: int) -> None:
         size = -(-capacity_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.maps = {tag: mmap.mmap(-1, size) for tag in TAGS}  # zero-filled, page-aligned
-        self.arenas = {tag: torch.frombuffer(m, dtype=torch.uint8) for tag, m in self.maps.items()}
+        # NOTE: each arena sits between two GUARD-byte margins of poison that never sleep. An
+        # address a little before or past a CuMem range is other mapped memory on the GPU; past
+        # a bare mmap it was another arena or nothing, by run (a stale stride of -1 read before
+        # the tables, a crash in some runs and garbage in others).
+        self.maps = {tag: mmap.mmap(-1, size + 2 * GUARD) for tag in TAGS}  # page-aligned
+        whole = {tag: torch.frombuffer(m, dtype=torch.uint8) for tag, m in self.maps.items()}
+        for bytes_ in whole.values():
+            bytes_.fill_(POISON_BYTE)
+        self.arenas = {tag: b[GUARD : GUARD + size].zero_() for tag, b in whole.items()}
         self.used = dict.fromkeys(TAGS, 0)
         self.backups: dict[str, torch.Tensor] = {}
         self.asleep: set[str] = set()
