@@ -23,6 +23,10 @@ them), its marker suite (`pytest -m BUG -n auto`, as the README's test command r
 mutants (`repro mutants BUG`), each the wall time of one command, against the floor.
 --checks: only the edit-check loop, a row per bug: `repro check BUG` warm, fixed and
 `--variant buggy` (median of N each), against the floor.
+
+A timed command that does not end as its verdict should (a fixed check that fails, a buggy one
+that passes, a usage error that is not one) is named on stderr; its figure is still shown, and
+the bench exits 125 with one line: such a figure is not a verdict's time.
 """
 
 from __future__ import annotations
@@ -72,14 +76,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.set_defaults(run=cmd_bench)
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> float:
+_WRONG_EXITS: list[str] = []  # timed commands that did not end as wanted (this process's)
+
+
+def _timed(argv: list[str], env: dict[str, str], want: int | None = None) -> float:
+    """Seconds of one run of argv; `want`: the exit code that makes the time a verdict's (a
+    fixed check that fails, or a buggy one that passes, is timed but named)."""
     start = time.monotonic()
-    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.monotonic() - start
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seconds = time.monotonic() - start
+    if want is not None and done.returncode != want:
+        what = " ".join(a for a in argv if not a.startswith("/"))
+        print(f"bench: {what}: exit {done.returncode}, not {want}", file=sys.stderr)
+        _WRONG_EXITS.append(what)
+    return seconds
 
 
-def _median(argv: list[str], env: dict[str, str], repeat: int) -> float:
-    return statistics.median(_timed(argv, env) for _ in range(repeat))
+def _median(argv: list[str], env: dict[str, str], repeat: int, want: int | None = None) -> float:
+    return statistics.median(_timed(argv, env, want) for _ in range(repeat))
+
+
+def _exit(code: int) -> int:
+    """`code`, or 125 with one line when a timed command ended otherwise than wanted."""
+    if _WRONG_EXITS:
+        print(
+            f"bench: {len(_WRONG_EXITS)} timed runs did not end as wanted (above): their "
+            "figures are not a verdict's time"
+        )
+        return 125
+    return code
 
 
 def _floor(device: str) -> list[str]:
@@ -124,19 +149,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         warm = {**os.environ, ENV_SERVER: "auto", ENV_SERVER_DIR: tmp}
         figures = {
             "floor_import": _median(_floor(device), cold, args.repeat),
-            "usage_error": _median([*repro, "check", "no_such_bug"], cold, args.repeat),
-            "list": _median([*repro, "list"], cold, args.repeat),
-            "check_cold": _median([*repro, *CHECK, "--device", device], cold, args.repeat),
+            "usage_error": _median([*repro, "check", "no_such_bug"], cold, args.repeat, 2),
+            "list": _median([*repro, "list"], cold, args.repeat, 0),
+            "check_cold": _median([*repro, *CHECK, "--device", device], cold, args.repeat, 0),
         }
         quiet = {"env": warm, "stdout": subprocess.DEVNULL}
         subprocess.run([*repro, "serve", "--device", device], check=True, **quiet)
         try:
-            figures["check_warm"] = _median([*repro, *CHECK, "--device", device], warm, args.repeat)
+            figures["check_warm"] = _median(
+                [*repro, *CHECK, "--device", device], warm, args.repeat, 0
+            )
             os.environ[ENV_SERVER_DIR], os.environ[ENV_SERVER] = tmp, "auto"
             figures["child_overhead"] = _per_child(device, args.repeat, "harness.child:noop", 1)
             runs = Path(tmp) / "matrix.json"
             matrix = [*repro, "matrix", "--each-part", "--device", device, "--json", str(runs)]
-            figures["matrix_each_part"] = _timed(matrix, warm)
+            figures["matrix_each_part"] = _timed(matrix, warm, 0)
             if device == "cuda":
                 context = _per_child(device, args.repeat, "harness.child:cuda_context", 4)
                 count = len(json.loads(runs.read_text())["results"]) if runs.exists() else 0
@@ -156,9 +183,9 @@ def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None, checks
         try:
             for bug in bugs:
                 check = [*repro, "check", bug, "--device", device]
-                rows[bug] = {"check_warm": _median(check, warm, repeat)}
+                rows[bug] = {"check_warm": _median(check, warm, repeat, 0)}
                 if checks:
-                    buggy = _median([*check, "--variant", "buggy"], warm, repeat)
+                    buggy = _median([*check, "--variant", "buggy"], warm, repeat, 1)
                     rows[bug]["check_warm_buggy"] = buggy
                 else:
                     rows[bug].update(_costs(bug, device, warm, Path(tmp)))
@@ -218,7 +245,7 @@ def _per_bug_out(device, floor, table, rows, path, how) -> int:
             "bugs": rows,
         }
         Path(path).write_text(json.dumps(doc, indent=2))
-    return 0
+    return _exit(0)
 
 
 def _usual(device: str, bugs: list, repeat: int, write: bool) -> int:
@@ -330,4 +357,4 @@ def _report(device: str, figures: dict[str, float], path: str | None) -> int:
             "figures": figures,
         }
         Path(path).write_text(json.dumps(result, indent=2))
-    return 0
+    return _exit(0)

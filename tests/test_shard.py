@@ -140,3 +140,22 @@ def test_the_gpu_job_keeps_a_bench_and_diffs_it_as_a_warning() -> None:
     assert "repro diff" in workflow and "bench.json" in workflow
     assert "shard: [1, 2]" in workflow and "SHARD:" in workflow
     assert os.access(procs.ROOT / ".ci" / "gpu", os.R_OK)
+
+
+@pytest.mark.parametrize(("fixed", "buggy", "code"), [(0, 1, 0), (1, 1, 125), (0, 0, 125)])
+def test_bench_names_a_check_that_did_not_end_as_its_verdict(
+    monkeypatch, capsys, fixed, buggy, code
+) -> None:
+    """A fixed check that fails, or a buggy one that passes, ends fast: timed as if it were a
+    verdict, it would look like a speed-up. The bench names it and exits 125."""
+    from repro import bench
+
+    def run(argv, **kwargs):
+        wanted = {"check": buggy if "buggy" in argv else fixed}
+        return subprocess.CompletedProcess(argv, wanted.get(argv[3], 0) if len(argv) > 3 else 0)
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    monkeypatch.setattr(bench, "_WRONG_EXITS", [])
+    assert bench._per_bug("cpu", ["lora_dummy_run"], 1, None, True) == code
+    err = capsys.readouterr().err
+    assert ("exit 1, not 0" in err) == (fixed == 1) and ("exit 0, not 1" in err) == (buggy == 0)
