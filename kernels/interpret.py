@@ -4,7 +4,7 @@ around small tensors.
 A kernel that strays a few elements past a small tensor reads and writes its GPU allocator
 segment silently; on the CPU the same stores corrupted the host's heap, and a run crashed or
 did not. Each launch runs on copies of its small CPU tensors' storages with poison on both
-sides (`_with_slack`); what the kernel wrote through a copy is written back after it. A wild
+sides (`_with_slack`, 8 KiB); what the kernel wrote through a copy is written back after it. A wild
 address still faults (SIGSEGV, illegal_address), as on a GPU.
 
 The interpreter re-patches `triton.language` on every call of a @triton.jit helper: tl.sum,
@@ -48,6 +48,7 @@ import dataclasses
 import inspect
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import triton.language as tl
 
@@ -90,7 +91,7 @@ def install() -> bool:
             # back: only the bytes the launch wrote through each copy (a kernel may also
             # write through addresses it was given in a table: those are in the original)
             for original, before, padded in copies.values():
-                after = padded[SLACK : SLACK + original.numel()]
+                after = padded[SLACK : SLACK + original.size]
                 written = after != before
                 original[written] = after[written]
 
@@ -117,9 +118,11 @@ def install() -> bool:
 
 
 # Bytes of poison before and after each small tensor argument's storage while a kernel
-# interprets. Storages larger than LARGE (the KV and weight pools: copying them every launch
-# made the CPU matrix 2.3x slower) run in place.
-SLACK = LARGE = 1 << 16
+# interprets. Storages larger than LARGE run in place: the KV and weight pools (copying them
+# every launch made the CPU matrix 2.3x slower), and anything whose copy would reach torch's
+# parallel grain (32768 elements: the interpreter copies each storage back with torch, and a
+# parallel copy starts OpenMP threads, after which a child this process forks hangs).
+SLACK, LARGE = 1 << 13, 1 << 14
 POISON_BYTE = 0x7F  # int32 0x7F7F7F7F, float32 3.4e38: no index or value a kernel expects
 
 
@@ -140,13 +143,15 @@ def _with_slack(arg, copies: dict[int, tuple]):
         return arg
     found = copies.get(storage.data_ptr())
     if found is None:
-        original = torch.empty(0, dtype=torch.uint8).set_(storage)
-        padded = torch.full((original.numel() + 2 * SLACK,), POISON_BYTE, dtype=torch.uint8)
-        padded[SLACK : SLACK + original.numel()] = original
-        copies[storage.data_ptr()] = found = (original, original.clone(), padded)
+        # NOTE: numpy, not torch, for the same reason (torch's fill and compare go parallel)
+        original = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+        padded = np.full(original.size + 2 * SLACK, POISON_BYTE, dtype=np.uint8)
+        padded[SLACK : SLACK + original.size] = original
+        copies[storage.data_ptr()] = found = (original, original.copy(), padded)
     offset = SLACK // arg.element_size() + arg.storage_offset()
     view = torch.empty(0, dtype=arg.dtype)
-    return view.set_(found[2].untyped_storage(), offset, arg.size(), arg.stride())
+    storage = torch.from_numpy(found[2]).untyped_storage()
+    return view.set_(storage, offset, arg.size(), arg.stride())
 
 
 def _skip_dropped_overflow_checks(interpreter) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -203,3 +204,29 @@ def test_a_stray_access_past_a_small_tensor_reads_poison_and_writes_nothing() ->
     big = torch.zeros(interpret.LARGE // 4 + 8, dtype=torch.int32)  # a pool: run in place
     _stray[(1,)](big[:4], big[4:], out, N=4)
     assert big[4:8].tolist() == [99, 99, 99, 99] and out.tolist() == [0, 0, 0, 0]
+
+
+FORK_AFTER_A_LAUNCH = """
+import os, signal, torch
+from kernels import launch, interpret
+from tests.test_interpret import _stray
+base, out = torch.arange(8, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+_stray[(1,)](base[:4], base[4:], out, N=8)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)
+    torch.zeros(1 << 20).fill_(3)  # large enough for torch's parallel path
+    os._exit(0)
+print(os.waitpid(pid, 0)[1])
+"""
+
+
+def test_a_launch_leaves_a_process_that_can_still_fork() -> None:
+    """The isolator forks children from processes that ran kernels. Had the slack's copies gone
+    through torch's parallel path, their OpenMP threads would hang every forked child's first
+    parallel op (the first version did, with 64 KiB of slack)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_A_LAUNCH], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "0", done.stdout + done.stderr

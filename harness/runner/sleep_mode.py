@@ -74,11 +74,11 @@ class ArenaPools(TaggedPools):
         # address a little before or past a CuMem range is other mapped memory on the GPU; past
         # a bare mmap it was another arena or nothing, by run (a stale stride of -1 read before
         # the tables, a crash in some runs and garbage in others).
-        self.maps = {tag: mmap.mmap(-1, size + 2 * GUARD) for tag in TAGS}  # page-aligned
+        self.maps = {tag: mmap.mmap(-1, size + 2 * GUARD) for tag in TAGS}  # zeros, aligned
+        for m in self.maps.values():  # NOTE: not a torch fill, which may start OpenMP threads
+            m[:GUARD] = m[GUARD + size :] = bytes([POISON_BYTE]) * GUARD
         whole = {tag: torch.frombuffer(m, dtype=torch.uint8) for tag, m in self.maps.items()}
-        for bytes_ in whole.values():
-            bytes_.fill_(POISON_BYTE)
-        self.arenas = {tag: b[GUARD : GUARD + size].zero_() for tag, b in whole.items()}
+        self.arenas = {tag: b[GUARD : GUARD + size] for tag, b in whole.items()}
         self.used = dict.fromkeys(TAGS, 0)
         self.backups: dict[str, torch.Tensor] = {}
         self.asleep: set[str] = set()
