@@ -108,3 +108,35 @@ def test_an_arena_has_poison_either_side_that_never_sleeps() -> None:
     assert all(bool(m.eq(POISON_BYTE).all()) and m.numel() == GUARD for m in margins)
     pools.wake_up()
     assert first.tolist() == [-1] * 4, "discarded: poison, as before"
+
+
+FORK_AFTER_A_WAKE = """
+import os, signal, torch
+from harness.runner.sleep_mode import ArenaPools
+pools = ArenaPools(capacity_bytes=1 << 24)
+pools.empty("weights", (1 << 22,), torch.float32)[:8].fill_(1.0)  # 16 MB: the whole arena
+pools.sleep(offload_tags=("weights",))
+pools.wake_up()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)
+    torch.zeros(1 << 10).add_(1)
+    torch.ones(1 << 20).mul_(3)  # large enough for torch's parallel path
+    os._exit(0)
+print(os.waitpid(pid, 0)[1])
+"""
+
+
+def test_a_process_that_slept_and_woke_an_arena_can_still_fork() -> None:
+    """The arenas' fills and copies are numpy's: torch's of that size start OpenMP threads,
+    and a child forked after them hangs in its first parallel op."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_A_WAKE], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "0", done.stdout + done.stderr

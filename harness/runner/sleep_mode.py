@@ -17,6 +17,7 @@ import ctypes
 import mmap
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 TAGS = ("weights", "kv_cache")
@@ -75,12 +76,15 @@ class ArenaPools(TaggedPools):
         # a bare mmap it was another arena or nothing, by run (a stale stride of -1 read before
         # the tables, a crash in some runs and garbage in others).
         self.maps = {tag: mmap.mmap(-1, size + 2 * GUARD) for tag in TAGS}  # zeros, aligned
-        for m in self.maps.values():  # NOTE: not a torch fill, which may start OpenMP threads
+        # NOTE: the arenas' bulk fills and copies are numpy's, not torch's: torch's of this
+        # size go parallel and start OpenMP threads, after which a child the process forks
+        # (the isolator's) hangs in its first parallel op
+        for m in self.maps.values():
             m[:GUARD] = m[GUARD + size :] = bytes([POISON_BYTE]) * GUARD
         whole = {tag: torch.frombuffer(m, dtype=torch.uint8) for tag, m in self.maps.items()}
         self.arenas = {tag: b[GUARD : GUARD + size] for tag, b in whole.items()}
         self.used = dict.fromkeys(TAGS, 0)
-        self.backups: dict[str, torch.Tensor] = {}
+        self.backups: dict[str, np.ndarray] = {}
         self.asleep: set[str] = set()
 
     def empty(self, tag: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -95,8 +99,8 @@ class ArenaPools(TaggedPools):
     def sleep(self, offload_tags: Sequence[str] = ()) -> None:
         _check_tags(offload_tags)
         for tag in TAGS:
-            if tag in offload_tags:
-                self.backups[tag] = self.arenas[tag][: self.used[tag]].clone()
+            if tag in offload_tags:  # NOTE: numpy copies here: see __init__
+                self.backups[tag] = self.arenas[tag][: self.used[tag]].numpy().copy()
             _protect(self.arenas[tag], accessible=False)  # the emulated release
             self.asleep.add(tag)
 
@@ -105,10 +109,11 @@ class ArenaPools(TaggedPools):
         _check_tags(tags)
         for tag in [t for t in tags if t in self.asleep]:
             _protect(self.arenas[tag], accessible=True)
-            self.arenas[tag].fill_(POISON_BYTE)  # new memory: the old contents are gone
+            memory = self.arenas[tag].numpy()
+            memory.fill(POISON_BYTE)  # new memory: the old contents are gone
             backup = self.backups.pop(tag, None)
             if backup is not None:
-                self.arenas[tag][: backup.numel()].copy_(backup)
+                memory[: backup.size] = backup
             self.asleep.discard(tag)
 
 
