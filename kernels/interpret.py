@@ -4,8 +4,8 @@ around small tensors.
 A kernel that strays a few elements past a small tensor reads and writes its GPU allocator
 segment silently; on the CPU the same stores corrupted the host's heap, and a run crashed or
 did not. Each launch runs on copies of its small CPU tensors' storages with poison on both
-sides (`_with_slack`, 8 KiB); what the kernel wrote through a copy is written back after it. A wild
-address still faults (SIGSEGV, illegal_address), as on a GPU.
+sides (`_with_slack`, 8 KiB); what the kernel wrote through a copy is written back after it.
+A wild address still faults (SIGSEGV, illegal_address), as on a GPU.
 
 The interpreter re-patches `triton.language` on every call of a @triton.jit helper: tl.sum,
 tl.max and tl.zeros are such helpers, as are the project's own (attend_positions, _lora_rows).
@@ -128,14 +128,8 @@ POISON_BYTE = 0x7F  # int32 0x7F7F7F7F, float32 3.4e38: no index or value a kern
 
 def _with_slack(arg, copies: dict[int, tuple]):
     """A CPU tensor argument as the same view of a copy of its storage that has SLACK bytes of
-    poison on each side (one copy per storage, so views of one storage stay views of one).
-
-    NOTE: on a GPU, memory just past a tensor is the caching allocator's segment: a kernel that
-    strays a few rows out reads and writes it silently, and only a wild address faults. A CPU
-    tensor ends where malloc's block does: the same stray stores corrupted the host's heap and
-    crashed some runs and not others. With the slack, they land in poison that is dropped
-    after the launch, every run; a wild address still faults (SIGSEGV: illegal_address).
-    """
+    poison on each side (one copy per storage, so views of one storage stay views of one); why:
+    the module's docstring."""
     if not isinstance(arg, torch.Tensor) or arg.device.type != "cpu":
         return arg
     storage = arg.untyped_storage()

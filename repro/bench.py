@@ -96,15 +96,15 @@ def _median(argv: list[str], env: dict[str, str], repeat: int, want: int | None 
     return statistics.median(_timed(argv, env, want) for _ in range(repeat))
 
 
-def _exit(code: int) -> int:
-    """`code`, or 125 with one line when a timed command ended otherwise than wanted."""
+def _exit() -> int:
+    """0, or 125 with one line when a timed command ended otherwise than wanted."""
     if _WRONG_EXITS:
         print(
             f"bench: {len(_WRONG_EXITS)} timed runs did not end as wanted (above): their "
             "figures are not a verdict's time"
         )
         return 125
-    return code
+    return 0
 
 
 def _floor(device: str) -> list[str]:
@@ -245,7 +245,7 @@ def _per_bug_out(device, floor, table, rows, path, how) -> int:
             "bugs": rows,
         }
         Path(path).write_text(json.dumps(doc, indent=2))
-    return _exit(0)
+    return _exit()
 
 
 def _usual(device: str, bugs: list, repeat: int, write: bool) -> int:
@@ -357,4 +357,4 @@ def _report(device: str, figures: dict[str, float], path: str | None) -> int:
             "figures": figures,
         }
         Path(path).write_text(json.dumps(result, indent=2))
-    return _exit(0)
+    return _exit()
