@@ -6,10 +6,8 @@ pytest_configure, before any test module imports torch's CUDA state or a kernel 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import statistics
 
 import pytest
 from hypothesis import settings
@@ -37,12 +35,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run one in N of upstream's GPU parametrizations (tests/test_upstream_*.py), "
         "every N-th of each test in collection order; default 1: all of them (the nightly "
         "job), .ci/gpu's per-push run takes a sample",
-    )
-    parser.addoption(
-        "--longest-first",
-        action="store_true",
-        help="run the tests in the order of their seconds in .test_durations, longest first "
-        "(a test it lacks counts its median): xdist's workers then end together (.ci/gpu)",
     )
 
 
@@ -79,8 +71,6 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _sample_upstream(config, items)
-    if config.getoption("--longest-first"):
-        _longest_first(config, items)
     if config.stash[DEVICE_KEY] == "cuda":
         cpu_job = pytest.mark.skip(reason="drives --device cpu only: the CPU job runs it")
         for item in items:  # a cpu_job module's tests that take the device run on both
@@ -117,16 +107,3 @@ def _sample_upstream(config: pytest.Config, items: list[pytest.Item]) -> None:
 def device(pytestconfig: pytest.Config) -> str:
     """The run's device: 'cpu' (kernels through Triton's interpreter) or 'cuda'."""
     return pytestconfig.stash[DEVICE_KEY]
-
-
-def _longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order `items` by their stored seconds, longest first (stable: ties keep their order). The
-    split of pytest-split, when it runs after this, keeps this order within its part."""
-    path = config.rootpath / ".test_durations"
-    try:
-        seconds = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise pytest.UsageError(f"--longest-first: cannot read {path}: {error}") from None
-    median = statistics.median(seconds.values()) if seconds else 0.0
-    items.sort(key=lambda item: -seconds.get(item.nodeid, median))
-

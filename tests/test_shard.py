@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -141,23 +140,6 @@ def test_the_gpu_job_keeps_a_bench_and_diffs_it_as_a_warning() -> None:
     assert "repro diff" in workflow and "bench.json" in workflow
     assert "shard: [1, 2]" in workflow and "SHARD:" in workflow
     assert os.access(procs.ROOT / ".ci" / "gpu", os.R_OK)
-
-
-def test_longest_first_orders_the_tests_by_their_stored_seconds() -> None:
-    """.ci/gpu's pytest starts the longest tests first (xdist's workers then end together)."""
-    seconds = json.loads((procs.ROOT / ".test_durations").read_text())
-    module = "tests/test_cli.py"
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "--longest-first", module],
-        cwd=procs.ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    order = [line for line in done.stdout.splitlines() if line.startswith(module + "::")]
-    known = [seconds[test] for test in order if test in seconds]
-    assert len(known) > 10, "too few of test_cli's tests have stored seconds to check an order"
-    assert known == sorted(known, reverse=True)
-    assert known != sorted(known), "every stored second equal: the order shows nothing"
 
 
 @pytest.mark.parametrize(("fixed", "buggy", "code"), [(0, 1, 0), (1, 1, 125), (0, 0, 125)])
