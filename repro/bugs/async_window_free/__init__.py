@@ -70,7 +70,7 @@ RECORD = BugRecord(
             axes=Axes(
                 graph_modes=("NONE",),
                 # two drafts rejected once; one draft rejected by steps 1-4, under a window of
-                # 3 tokens; blocks of 2 tokens
+                # 3 tokens; blocks of 2 tokens; a request preempted, resumed, then rejected
                 states=(
                     "several drafts",
                     "one draft",
@@ -78,6 +78,7 @@ RECORD = BugRecord(
                     "two steps in flight",
                     "running request grows into a new block",
                     "window not block-aligned",
+                    "resumed after preemption",
                 ),
             ),
             signature=SIGNATURE,
