@@ -215,6 +215,7 @@ REQUIRED_AXES = {
             "rejections in a row",
             "two steps in flight",
             "window not block-aligned",
+            "resumed after preemption",
         },
     },
     # ranks that must agree (issue 43): either rank idle while the other serves, and both
