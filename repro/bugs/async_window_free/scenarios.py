@@ -24,13 +24,16 @@ ONE_DRAFT, REJECT_RUN, RUN_TOKENS, RUN_WINDOW = 1, (1, 2, 3, 4), 6, 3
 # finished, and its first decode after the resume (launched step 3) is rejected
 RESUMED = {"A": ((5, 6, 7), 2), "B": ((20, 21, 22), 4)}
 RESUMED_BLOCKS, RESUMED_REJECT = 5, (3,)
+# a fourth: blocks of 4 tokens (larger than the window's remainder), one draft, none rejected:
+# only the blocks wholly before the window may go
+WIDE_TOKENS = 5
 
 
 def window_config(
-    ctx: Context, window: int = 2, num_reqs: int = 1, num_kv_blocks: int = 8
+    ctx: Context, window: int = 2, num_reqs: int = 1, num_kv_blocks: int = 8, block: int = 2
 ) -> RunnerConfig:
     """An eager runner (no LoRA, no graphs) whose attention sees the last `window` tokens, in
-    blocks of 2 tokens (both groups)."""
+    blocks of `block` tokens (both groups)."""
     return runner_config(
         ctx.device,
         ctx.fixes,
@@ -40,7 +43,7 @@ def window_config(
         max_num_reqs=num_reqs,
         max_num_tokens=8,
         max_model_len=12,
-        block_sizes=(2, 2),
+        block_sizes=(block, block),
         num_kv_blocks=num_kv_blocks,
         sliding_window=window,
     )
@@ -68,6 +71,9 @@ def rejected_drafts_after_window_free(ctx: Context) -> str:
     prefilling positions 0-3 (its prompt and its first token). Step 3, B's first decode after
     the resume (positions 4-5), is rejected; step 4 is scheduled on the optimistic count 6 and
     starts at position 5. The free must follow the in-flight tokens of a resumed request too.
+    A fourth run has blocks of 4 tokens, a window of 3 and one draft, none rejected, five
+    tokens: a block the window has partly left (its first position out of the window, the
+    rest still read) must stay.
 
     Fixed: the blocks out of the window are freed on the processed count, 6 - 3 = 3: block 0
     (positions 0, 1) only (in the second run 6 - 2 = 4 at step 4, whose window starts at
@@ -93,9 +99,11 @@ def rejected_drafts_after_window_free(ctx: Context) -> str:
     if resumed != {"A": 0, "B": 1} or b_starts[-3:] != [0, 4, 5]:
         raise AssertionError(f"trigger not reached: preemptions {resumed}, B at {b_starts}")
     expect_all(engine_problems(runner, engine))
+    runner, engine = _serve(ctx, ONE_DRAFT, (), {"R": (PROMPT, WIDE_TOKENS)}, RUN_WINDOW, block=4)
+    expect_all(engine_problems(runner, engine))
     return (
         f"steps start at positions {starts}, then {run}; B resumed after a preemption starts "
-        f"at {b_starts}: the window read live blocks only"
+        f"at {b_starts}; blocks of 4 too: the window read live blocks only"
     )
 
 
@@ -106,10 +114,11 @@ def _serve(
     requests: dict[str, tuple[tuple[int, ...], int]],
     window: int = 2,
     num_kv_blocks: int = 8,
+    block: int = 2,
 ) -> tuple[ModelRunner, AsyncEngine]:
     """`requests` (id: prompt, tokens) served one step ahead, the drafts of `reject_steps`
     (launched-step indices) rejected, under a sliding window of `window` tokens."""
-    runner = ModelRunner(window_config(ctx, window, len(requests), num_kv_blocks))
+    runner = ModelRunner(window_config(ctx, window, len(requests), num_kv_blocks, block))
     scheduler = AsyncScheduler(runner.kv_cache, ctx.fixes, num_spec_tokens)
     for req_id, (prompt, max_tokens) in requests.items():
         scheduler.add_request(req_id, prompt, max_tokens)
