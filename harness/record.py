@@ -97,6 +97,7 @@ STATES = (
     # ranks (Scenario.ranks > 1)
     "one DP rank idle, its peer busy",  # zero scheduled tokens on one rank, tokens on another
     "every DP rank idle at once",  # zero scheduled tokens on every rank, requests unfinished
+    "a DP rank with nothing unfinished, its peer busy",  # its requests ended; the loop goes on
     # each TP rank draws its own acceptance uniforms for the same drafts, the engine seed unset
     "TP ranks sample drafts' acceptance, seed unset",
     # a batch past the drafter's limit (its longest sequence plus the drafts over

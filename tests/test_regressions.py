@@ -221,7 +221,11 @@ REQUIRED_AXES = {
     # ranks that must agree (issue 43): either rank idle while the other serves, and both
     "dp_zero_token_skip": {
         "graph_modes": {"NONE"},
-        "states": {"one DP rank idle, its peer busy", "every DP rank idle at once"},
+        "states": {
+            "one DP rank idle, its peer busy",
+            "every DP rank idle at once",
+            "a DP rank with nothing unfinished, its peer busy",
+        },
     },
     # TP ranks that must sample alike: a rank accepting a draft its peer rejects (one draft and
     # several), and steps that reject in a row after the ranks agreed

@@ -73,7 +73,11 @@ RECORD = BugRecord(
             timeout_s=120.0,
             axes=Axes(
                 graph_modes=("NONE",),
-                states=("one DP rank idle, its peer busy", "every DP rank idle at once"),
+                states=(
+                    "one DP rank idle, its peer busy",
+                    "every DP rank idle at once",
+                    "a DP rank with nothing unfinished, its peer busy",
+                ),
             ),
             signature=r"step \d+: rank \d all_reduce\(dp, \(2,\), int32\) vs rank \d nothing",
             ranks=2,

@@ -26,7 +26,11 @@ PLAN = (
     ("rank 0 only", (True, False)),
     ("neither", (False, False)),  # every rank idle at once (#29433's case)
     ("both", (True, True)),
+    ("rank 0 only", (True, False)),
 )
+# per step, whether each rank still has an unfinished request: rank 1's ends after the sixth
+# step, so at the seventh it is idle with nothing unfinished while rank 0 decodes on
+UNFINISHED = ((1, 1),) * 6 + ((1, 0),)
 DUMMY_TOKENS = 1  # an idle rank's dummy step (upstream: _dummy_run(1))
 
 
@@ -45,7 +49,8 @@ def zero_token_rank_steps(ctx: Context) -> str:
     """Two data-parallel ranks, one request each, walk six steps: rank 0 with tokens and
     rank 1 with none at the first step (its request waits from the start, before any
     agreement), both, the reverse (rank 1 only), rank 0 only again, neither (every rank idle
-    at once), both. Each step the ranks first agree on the unfinished
+    at once), both, then rank 0 only once rank 1's request has finished (rank 1 has nothing
+    unfinished, and still runs the step). Each step the ranks first agree on the unfinished
     requests across them (an all-reduce of one count), then each runs its step, whose start
     agrees with the other rank on each rank's token count (an all-reduce of one count per
     rank; upstream: coordinate_batch_across_dp). Each rank checks its logits against the
@@ -74,10 +79,13 @@ def zero_token_rank_steps(ctx: Context) -> str:
         mine = []
         if busy[ctx.rank]:
             mine = [Request(f"req{ctx.rank}", tuple(seq[computed:]), 0, computed)]
-        out, unfinished = engine.step(mine, unfinished=1)
+        out, unfinished = engine.step(mine, unfinished=UNFINISHED[step][ctx.rank])
         where = f"step {step} ({label}), rank {ctx.rank}"
-        if unfinished != 2:
-            problems.append(f"{where}: {unfinished} unfinished requests across ranks, not 2")
+        if unfinished != sum(UNFINISHED[step]):
+            problems.append(
+                f"{where}: {unfinished} unfinished requests across ranks, "
+                f"not {sum(UNFINISHED[step])}"
+            )
         if not mine:
             continue
         if runner.num_tokens_across_dp != counts:
