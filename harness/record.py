@@ -89,6 +89,7 @@ STATES = (
     # a request scheduled again past position 0 after a step without it (skipped, or resumed
     # with its computed tokens kept)
     "resumed at a later position",
+    "a step that schedules nothing",  # every request over the token budget: no launch
     "window not block-aligned",  # a sliding window that is no multiple of a block size
     # speculative decoding
     "one draft",  # one draft token per request and step

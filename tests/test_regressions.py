@@ -205,6 +205,7 @@ REQUIRED_AXES = {
             "resumed after preemption",
             "resumed at a later position",
             "two steps in flight",
+            "a step that schedules nothing",
         },
     },
     "async_window_free": {

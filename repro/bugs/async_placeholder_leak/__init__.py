@@ -77,6 +77,7 @@ RECORD = BugRecord(
                     "resumed at a later position",
                     "two steps in flight",
                     "several drafts",
+                    "a step that schedules nothing",
                 ),
             ),
             cpu_signature=SIGNATURE,

@@ -22,6 +22,9 @@ ALONGSIDE = {"A": ((5,), 7), "B": ((2, 7, 11), MAX_TOKENS), "C": ((3, 8, 12), MA
 # three while A's takes three, is skipped for a step and scheduled again at position 2
 SKIPPED = {"A": ((5, 9), MAX_TOKENS), "B": ((2, 7), 2)}
 NUM_SPEC_TOKENS, BUDGET = 2, 4
+# a fourth: B alone, a budget of two tokens: its first decode (three tokens, its prefill in
+# flight) does not fit, so that step schedules nothing; the next one decodes at position 2
+ALONE, ALONE_BUDGET = {"B": ((2, 7), 3)}, 2
 
 
 def async_config(ctx: Context, num_reqs: int = 2, num_kv_blocks: int = 3) -> RunnerConfig:
@@ -86,6 +89,11 @@ def resumed_after_preemption(ctx: Context) -> str:
     flight, decodes A (three tokens) and B at position 2 (one token: its sampled token, on the
     host by then), in a step whose previous one did not hold B.
 
+    A fourth run serves B alone under a budget of two tokens: step 1 prefills it; step 2
+    schedules nothing (B's decode, three tokens with its prefill in flight, does not fit) and
+    launches nothing; step 3 decodes B at position 2 (one token: nothing in flight), after a
+    step that held no request at all.
+
     Fixed: the worker takes B's (and C's) tokens from the host (its own row holds -1 where
     each sampled token went); every step's logits match the float64 reference of the host
     tokens.
@@ -108,7 +116,14 @@ def resumed_after_preemption(ctx: Context) -> str:
     skipped = [[("A", 0), ("B", 0)], [("A", 2)], [("A", 5), ("B", 2)]]
     assert held == skipped, f"trigger not reached: steps {held}, not {skipped}"
     expect_all(engine_problems(runner, engine))
+    runner, engine, _ = _serve(ctx, ALONE, 4, NUM_SPEC_TOKENS, ALONE_BUDGET)
+    held = [[(q.req_id, q.num_computed_tokens) for q in step.requests] for step in engine.steps]
+    # after the empty step nothing is in flight: B's decode at 2 is one token, no drafts
+    alone = [[("B", 0)], [("B", 2)], [("B", 3)]]
+    if held != alone or len(engine.steps[1].positions) != 1:
+        raise AssertionError(f"trigger not reached: steps {held}, not {alone} after an empty one")
+    expect_all(engine_problems(runner, engine))
     return (
         f"{steps} steps, B resumed after one preemption; {alongside} steps, C resumed beside A; "
-        f"{len(engine.steps)} steps, B skipped once: logits as the reference"
+        "B skipped once; B alone after an empty step: logits as the reference"
     )
