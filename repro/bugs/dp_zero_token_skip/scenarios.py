@@ -30,7 +30,7 @@ PLAN = (
 )
 # per step, whether each rank still has an unfinished request: rank 1's ends after the sixth
 # step, so at the seventh it is idle with nothing unfinished while rank 0 decodes on
-UNFINISHED = ((1, 1),) * 6 + ((1, 0),)
+UNFINISHED = ((1, 1),) * (len(PLAN) - 1) + ((1, 0),)
 DUMMY_TOKENS = 1  # an idle rank's dummy step (upstream: _dummy_run(1))
 
 
@@ -46,7 +46,7 @@ def dp_runner(ctx: Context, **config) -> ModelRunner:
 
 
 def zero_token_rank_steps(ctx: Context) -> str:
-    """Two data-parallel ranks, one request each, walk six steps: rank 0 with tokens and
+    """Two data-parallel ranks, one request each, walk seven steps: rank 0 with tokens and
     rank 1 with none at the first step (its request waits from the start, before any
     agreement), both, the reverse (rank 1 only), rank 0 only again, neither (every rank idle
     at once), both, then rank 0 only once rank 1's request has finished (rank 1 has nothing
