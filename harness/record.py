@@ -62,6 +62,9 @@ STATES = (
     # sleep and wake
     "graphs across a level-2 sleep",  # a graph captured before sleep(2) replayed after the wake
     "prefix hit on blocks cached before a sleep",  # a prompt repeated across a sleep, cache on
+    # a sliding window's reserved null block (block 0 of each group: never free, never a
+    # request's), the pool's one block always in use
+    "a reserved null block",
     # KV blocks
     "running request grows into a new block",  # a decode step crosses into a block it is given
     "freed block reused by a running request",  # a running request is given a block another freed
@@ -72,6 +75,8 @@ STATES = (
     "padded by tokens",  # padding tokens (and so padding rows) behind the live ones
     "padded by requests only",  # the graph's tokens filled exactly, padding requests
     "live rows not first",  # padding rows before or among the live rows
+    # a dummy run (an idle DP rank's step, a warm-up) of fewer tokens than the step before it
+    "a dummy run after a larger step",
     "padded count below the largest",  # padded to a captured size under the largest
     # LoRA slots
     "one adapter's slot changes",  # between steps of one batch, the other adapters' stay

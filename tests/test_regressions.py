@@ -143,7 +143,10 @@ REQUIRED_AXES = {
             "running request grows into a new block",
         },
     },
-    "sleep_prefix_cache": {**WAKE, "states": {"prefix hit on blocks cached before a sleep"}},
+    "sleep_prefix_cache": {
+        **WAKE,
+        "states": {"prefix hit on blocks cached before a sleep", "a reserved null block"},
+    },
     # padding rows and sentinels (issue 23): what pads a batch is a captured graph
     "pad_slot_negative_index": {
         "graph_modes": {"FULL", "PIECEWISE"},
@@ -151,7 +154,11 @@ REQUIRED_AXES = {
     },
     "spec_stale_pad_tail": {
         "graph_modes": {"FULL"},
-        "states": {"padded by tokens", "padded by requests only"},
+        "states": {
+            "padded by tokens",
+            "padded by requests only",
+            "a dummy run after a larger step",
+        },
     },
     # padding rows exist only in graph replays (one size, two paddings)
     "moe_pad_nan_topk": {

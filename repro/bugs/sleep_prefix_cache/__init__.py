@@ -62,7 +62,8 @@ RECORD = BugRecord(
                 wakes=WAKES[:2],
                 # the prompts served before each sleep are served again after its wake (the
                 # hits happen where the sleep keeps the cache: without the fix part)
-                states=("prefix hit on blocks cached before a sleep",),
+                # and a runner with a sliding window (its null block reserved), one cycle
+                states=("prefix hit on blocks cached before a sleep", "a reserved null block"),
             ),
             signature="logits vs recomputed reference: \\d+/\\d+ differ .*\\bnan vs ",
         ),
@@ -97,6 +98,9 @@ RECORD = BugRecord(
         "discarded at sleep: its block-table pointers), kv_block_stale_nan (what a new block "
         "holds after the wake); not modelled: a sleep while a request holds blocks, where "
         "upstream's reset is refused and the hashes survive even with the fix (upstream "
-        "later pauses or aborts requests first)."
+        "later pauses or aborts requests first). The reset's refusal must not count the null "
+        "block (upstream's BlockPool.reset_prefix_cache allows one used block: the null "
+        "block, always in use): the scenario repeats one cycle on a runner with a sliding "
+        "window, whose null block is reserved."
     ),
 )

@@ -64,7 +64,12 @@ RECORD = BugRecord(
                 capture_sizes=(4,),
                 steps_per_size=2,
                 # step 2: 1 token in the graph of 4; step 4: 4 tokens of 2 requests in it
-                states=("padded by tokens", "padded by requests only", "one draft"),
+                states=(
+                    "padded by tokens",
+                    "padded by requests only",
+                    "one draft",
+                    "a dummy run after a larger step",
+                ),
             ),
             cpu_signature=r"index out of range[\s\S]*harness/runner/cudagraph\.py:\d+ in replay\b",
         ),
@@ -106,6 +111,8 @@ RECORD = BugRecord(
         "gather (index_select) shows the same class on both devices: a device-side assert. "
         "The graph pads a step by tokens, by requests or both: the scenario replays one padded "
         "by both (1 token, 1 request) and one padded by requests alone (4 tokens, 2 requests: "
-        "no padding token), so that a padding tied to the token padding fails too."
+        "no padding token), so that a padding tied to the token padding fails too. A dummy run of "
+        "1 token after the first step (eager) gathers entry 0, which its own preparation must "
+        "set: a runner that skips preparing dummy batches fails there the same way."
     ),
 )

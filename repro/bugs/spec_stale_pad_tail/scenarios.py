@@ -67,11 +67,20 @@ def fewer_requests_after_larger_batch(ctx: Context) -> str:
     buffer was made at start-up (zeros), not by a capture: the stale tail comes from the
     previous step. A padding that holds only when the step also has padding tokens fails step
     4 the same way: its hidden states end at its last live token, no padding row behind it.
+
+    Between steps 1 and 2 the runner makes a dummy run of 1 token (an idle DP rank's step, a
+    warm-up: eager, no KV writes): its draft prefill gathers entry 0 of the buffer, which the
+    dummy's preparation sets to 0. A runner that skips preparing dummy batches ("their drafts
+    are discarded") leaves step 1's index 3 there, past the dummy's one hidden state: the same
+    bounds check fails, in the dummy run.
     """
     runner = ModelRunner(spec_config(ctx))
     runner.capture_model()
     first = [Request(f"r{i}", p) for i, p in enumerate(PROMPTS)]
     out, problems = checked_step(runner, first, "step 1 (3 requests, eager)")
+    # a dummy run (an idle DP rank's step, a warm-up) of 1 token after step 1's 11: its eager
+    # draft prefill gathers entry 0, which must be the dummy's own last token
+    runner.execute_model(dummy_run=True, num_tokens=1, num_reqs=1)
     for row in (1, 2):
         runner.kv_cache.free(row)
     decode = [Request("r0", (int(out.logits[0].argmax()),), 0, len(PROMPTS[0]))]
