@@ -36,6 +36,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "every N-th of each test in collection order; default 1: all of them (the nightly "
         "job), .ci/gpu's per-push run takes a sample",
     )
+    parser.addoption(
+        "--leave-to-matrix",
+        action="store_true",
+        help="deselect the scenario verdict tests whose cell `repro matrix --each-part` runs "
+        "(fixed, buggy, each part's removal: the same class and signature, checked there); "
+        "the others (a relative's parts removed) still run. .ci/gpu, whose matrix step runs "
+        "every cell twice",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,6 +79,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _sample_upstream(config, items)
+    _leave_to_matrix(config, items)
     if config.stash[DEVICE_KEY] == "cuda":
         cpu_job = pytest.mark.skip(reason="drives --device cpu only: the CPU job runs it")
         for item in items:  # a cpu_job module's tests that take the device run on both
@@ -98,6 +107,25 @@ def _sample_upstream(config: pytest.Config, items: list[pytest.Item]) -> None:
         function = item.nodeid.split("[")[0]
         index = seen[function] = seen.get(function, -1) + 1
         (drop if upstream and index % every else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _leave_to_matrix(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--leave-to-matrix: deselect test_scenario_shows_expected_outcome's cells that the
+    matrix's --each-part run holds."""
+    if not config.getoption("--leave-to-matrix"):
+        return
+    from repro.matrix import variants
+
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        ran = item.originalname == "test_scenario_shows_expected_outcome" and params[
+            "fixes"
+        ] in variants(params["bug"], each_part=True)
+        (drop if ran else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -89,7 +89,8 @@ def _key(planned: tuple[BugRecord, Job]) -> tuple:
     )
 
 
-def _variants(bug: BugRecord, each_part: bool) -> list[Variant]:
+def variants(bug: BugRecord, each_part: bool) -> list[Variant]:
+    """The matrix's variants of `bug`: fixed, buggy and (each_part) each part's removal."""
     variants = [select_variant(bug.fix_parts, "fixed"), bug.buggy_variant]
     if each_part and len(bug.fix_parts) > 1:
         variants += [select_variant(bug.fix_parts, "fixed", [p.value]) for p in bug.fix_parts]
@@ -116,7 +117,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         plan: list[tuple[BugRecord, Job]] = []
         for device in prepare_devices(isolator, wanted):
             for bug in bugs:
-                for fixes in _variants(bug, args.each_part):
+                for fixes in variants(bug, args.each_part):
                     cap = time_limit(args)
                     jobs = _jobs(bug, fixes, device, args.repeat, cap, args.dtype)
                     plan += [(bug, job) for job in jobs]

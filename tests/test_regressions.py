@@ -8,6 +8,8 @@ Each case carries its bug's marker: `pytest -m moe_align_grid` selects exactly t
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from harness.fixes import ALL_FIXES, describe
 from harness.isolate import Isolator, Job
 from harness.outcome import Outcome
+from repro.matrix import variants
 from repro.registry import BUGS
 
 
@@ -79,6 +82,27 @@ def test_scenario_shows_expected_outcome(device, isolator, bug, scenario, fixes)
             f"signature ({scenario.signature or '-'}; cpu {scenario.cpu_signature or '-'})\n"
             f"{result.evidence}"
         )
+
+
+def test_leave_to_matrix_deselects_the_matrix_cells_only(device) -> None:
+    """.ci/gpu's --leave-to-matrix: the verdict tests it deselects are the cells of `repro
+    matrix --each-part`, one each; those it keeps (a relative's parts removed) are not."""
+    args = ["--co", "-q", "-p", "no:cacheprovider", "--device", device, __file__]
+    args += ["-k", "test_scenario_shows_expected_outcome"]
+    run = lambda *more: subprocess.run(
+        [sys.executable, "-m", "pytest", *args, *more], capture_output=True, text=True, check=True
+    )
+    ids = lambda out: {line for line in out.stdout.splitlines() if "::" in line}
+    every, kept = ids(run()), ids(run("--leave-to-matrix"))
+    cells = {
+        f"{b.id}-{s.name}-{describe(f, b.fix_parts).replace(' ', '-')}"
+        for b in BUGS
+        for s in b.scenarios
+        for f in variants(b, each_part=True)
+    }
+    left = {i.split("[", 1)[1][:-1] for i in every - kept}
+    assert kept < every and left == cells
+    assert not {i.split("[", 1)[1][:-1] for i in kept} & cells
 
 
 @pytest.mark.parametrize("bug", _bugs())
