@@ -77,7 +77,12 @@ STATES = (
     "live rows not first",  # padding rows before or among the live rows
     # a dummy run (an idle DP rank's step, a warm-up) of fewer tokens than the step before it
     "a dummy run after a larger step",
+    # a dummy batch (every slot -1) run eagerly, no graph, between a running request's steps
+    "an eager dummy run while a request holds blocks",
     "padded count below the largest",  # padded to a captured size under the largest
+    # an expert-parallel rank's expert map marks another rank's experts -1: invalid ids per
+    # (token, slot) pair, beside a valid one in the same row (a padding row is -1 throughout)
+    "non-local experts marked -1 per pair",
     # LoRA slots
     "one adapter's slot changes",  # between steps of one batch, the other adapters' stay
     "two adapters swap slots",  # between steps of one batch, two in-flight adapters trade slots
@@ -90,6 +95,11 @@ STATES = (
     "two steps in flight",  # a step launched before the last one's output reached the host
     "three steps in flight",
     "two restricted steps in flight",  # two in flight, each with allowed_token_ids
+    # streams.py's forced orders (RunnerConfig.scheduler.late_stream): the copy stream's work
+    # reaches the device after the main stream's queued work, or the main stream's after the
+    # copy stream's (the device behind the host)
+    "copy stream late",
+    "main stream late",
     "resumed after preemption",  # a preempted request scheduled again
     # a request scheduled again past position 0 after a step without it (skipped, or resumed
     # with its computed tokens kept)
@@ -104,12 +114,18 @@ STATES = (
     "one DP rank idle, its peer busy",  # zero scheduled tokens on one rank, tokens on another
     "every DP rank idle at once",  # zero scheduled tokens on every rank, requests unfinished
     "a DP rank with nothing unfinished, its peer busy",  # its requests ended; the loop goes on
+    # zero scheduled tokens on one rank while the other's step runs the drafter after it: the
+    # idle rank's dummy step must run the drafter's dummy steps too
+    "one DP rank idle, its peer drafting",
     # each TP rank draws its own acceptance uniforms for the same drafts, the engine seed unset
     "TP ranks sample drafts' acceptance, seed unset",
     # a batch past the drafter's limit (its longest sequence plus the drafts over
     # max_model_len: no drafts) on one DP rank while another's batch drafts, and on every rank
     "one DP rank past the drafter's limit, its peer drafting",
     "every DP rank past the drafter's limit at once",
+    # a rank's batch past the drafter's limit at the rank's first step (a long prompt), before
+    # its ranks have agreed on any draft step
+    "a DP rank past the drafter's limit at its first step",
     # expert-parallel ranks' decode batches whose local counts fall in different graph buckets
     # (capture sizes), and in one bucket with different counts
     "EP ranks' batches in different graph buckets",

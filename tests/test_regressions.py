@@ -174,7 +174,11 @@ REQUIRED_AXES = {
     # padding rows and sentinels (issue 23): what pads a batch is a captured graph
     "pad_slot_negative_index": {
         "graph_modes": {"FULL", "PIECEWISE"},
-        "states": {"padded by tokens", "padded count below the largest"},
+        "states": {
+            "padded by tokens",
+            "padded count below the largest",
+            "an eager dummy run while a request holds blocks",
+        },
     },
     "spec_stale_pad_tail": {
         "graph_modes": {"FULL"},
@@ -193,7 +197,7 @@ REQUIRED_AXES = {
     "moe_pad_sentinel": {
         "graph_modes": {"FULL", "PIECEWISE"},
         "steps_per_size": 2,
-        "states": {"padded by tokens"},
+        "states": {"padded by tokens", "non-local experts marked -1 per pair"},
     },
     # memos, aliases and two notions of one size (issue 24): a swap on the host, no graph
     "input_batch_swap_alias": {
@@ -227,7 +231,12 @@ REQUIRED_AXES = {
     },
     "async_output_lifetime": {
         "graph_modes": {"NONE"},
-        "states": {"two steps in flight", "three steps in flight"},
+        "states": {
+            "two steps in flight",
+            "three steps in flight",
+            "copy stream late",
+            "main stream late",
+        },
     },
     # async scheduling (issue 25): the scheduler one step ahead drives eager steps
     "async_placeholder_leak": {
@@ -250,11 +259,12 @@ REQUIRED_AXES = {
             "resumed after preemption",
         },
     },
-    # ranks that must agree (issue 43): either rank idle while the other serves, and both
+    # ranks that must agree (issue 43): either rank idle while the other serves or drafts, and both
     "dp_zero_token_skip": {
         "graph_modes": {"NONE"},
         "states": {
             "one DP rank idle, its peer busy",
+            "one DP rank idle, its peer drafting",
             "every DP rank idle at once",
             "a DP rank with nothing unfinished, its peer busy",
         },
@@ -271,11 +281,13 @@ REQUIRED_AXES = {
         },
     },
     # a drafter's collectives among DP ranks near max_model_len: either rank past the limit
-    # while the other drafts, both past it, and past it while the peer idles
+    # while the other drafts (from its first step too), both past it, and past it while the
+    # peer idles
     "dp_drafter_boundary_hang": {
         "graph_modes": {"NONE"},
         "states": {
             "one DP rank past the drafter's limit, its peer drafting",
+            "a DP rank past the drafter's limit at its first step",
             "every DP rank past the drafter's limit at once",
             "one DP rank idle, its peer busy",
         },

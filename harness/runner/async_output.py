@@ -131,6 +131,6 @@ class AsyncSampler:
 def async_sampling(config, vocab_size: int) -> tuple[PinnedSamplingStates, AsyncSampler]:
     """A runner's sampling states and sampler for `config` (a RunnerConfig), on its streams."""
     c = config
-    streams = Streams(c.device, c.scheduler.stream_delay)
+    streams = Streams(c.device, c.scheduler.stream_delay, late=c.scheduler.late_stream)
     states = PinnedSamplingStates(c.max_num_reqs, vocab_size, c.fixes, streams)
     return states, AsyncSampler(c.max_num_reqs, streams, c.fixes)

@@ -153,6 +153,9 @@ class SchedulerConfig:
 
     async_output: bool = False
     stream_delay: bool = False
+    # with stream_delay, async sampling's late stream: "copy", or "main" (the device behind the
+    # host: a copy's wait is met before the main stream's later work reaches the device)
+    late_stream: str = "copy"
 
 
 # each group's field -> the group (runner_config's flat keywords, vLLM's EngineArgs to its config)

@@ -64,8 +64,13 @@ RECORD = BugRecord(
             (Expect(frozenset({PART}), WRONG),),
             axes=Axes(
                 graph_modes=("NONE",),
-                # 1 launched on 0; 3 launched on 1 and 2
-                states=("two steps in flight", "three steps in flight"),
+                # 1 launched on 0; 3 launched on 1 and 2; the walk once with each stream late
+                states=(
+                    "two steps in flight",
+                    "three steps in flight",
+                    "copy stream late",
+                    "main stream late",
+                ),
             ),
             signature=SIGNATURE,
         ),
@@ -100,7 +105,11 @@ RECORD = BugRecord(
         "(same size, same stream, freed just before), but with several free blocks of a size "
         "its choice is by size and address, not by recency, so the arena makes the reuse "
         "certain; the losing order by the stream model (on both devices the copy stream's work "
-        "reaches the device only at the host's next wait on it). Detectors "
+        "reaches the device only at the host's next wait on it); the scenario walks the same steps "
+        "again with the main stream late (the device behind the host: a copy's wait is met "
+        "before the main stream's later work reaches the device), the order in which a "
+        "download issued before its step's sampling (not after it, as upstream's AsyncOutput "
+        "is built once the sampler's work is queued) reads the slot's earlier contents. Detectors "
         "(predicted, the lead measures): compute-sanitizer cannot see it (in-bounds, "
         "initialized memory; racecheck is shared memory only); PyTorch's stream sanitizer "
         "(TORCH_CUDA_SANITIZER=1) should flag the buggy variant (the main stream's write of "

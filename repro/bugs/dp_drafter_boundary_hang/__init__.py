@@ -74,7 +74,7 @@ RECORD = BugRecord(
     ),
     trigger=(
         "two DP ranks drafting; one rank's request reaches max_model_len - k while the other's "
-        "does not (either rank first)"
+        "does not (either rank first; or a long prompt is past it at its first step)"
     ),
     fix_parts=(PART,),
     buggy_outcome=MISMATCH,
@@ -87,6 +87,7 @@ RECORD = BugRecord(
                 graph_modes=("NONE",),
                 states=(
                     "one DP rank past the drafter's limit, its peer drafting",
+                    "a DP rank past the drafter's limit at its first step",
                     "every DP rank past the drafter's limit at once",
                     "one DP rank idle, its peer busy",
                 ),
@@ -122,7 +123,10 @@ RECORD = BugRecord(
         "unconditionally, clamping its max_model_len) took other routes; #45963 (merged: "
         "dynamic speculative decoding off under DP, K-dependent collectives); vllm-ascend "
         "#16512 (merged) and backports #16513, #16514, #16713, #16964 (merged); #49027 (open: "
-        "the same gate diverging across TP ranks). Relatives in this catalogue: "
+        "the same gate diverging across TP ranks). A long prompt can be past the drafter's "
+        "limit from its first step (#24662: inputs longer than the drafter's length but not "
+        "the target's), so the scenario also puts one rank past it at step 0, before any draft "
+        "agreement, while its peer drafts. Relatives in this catalogue: "
         "dp_zero_token_skip (an idle DP rank's dummy step; here a rank idle at the last step "
         "runs the drafter's dummy too)."
     ),

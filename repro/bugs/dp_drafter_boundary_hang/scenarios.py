@@ -19,10 +19,15 @@ from repro.bugs.dp_zero_token_skip.scenarios import dp_runner
 MAX_MODEL_LEN = 12
 K = 3  # draft tokens per request and step: a batch whose longest sequence is past 12 - 3 skips
 # each rank's prompts, one request at a time, each run until its tokens reach MAX_MODEL_LEN:
-# rank 0's first request reaches the drafter's limit while rank 1's drafts (steps 4, 5); rank
-# 1's reaches it while rank 0's second drafts (step 8), then both are past it (step 9), then
-# rank 0's is past it while rank 1 idles (step 10: its request finished, rank 0's not)
-PROMPTS = (((1, 2, 3, 4, 5, 6), (7, 8, 9, 10, 11, 12, 13)), ((14, 15),))
+# rank 1's first request (11 tokens) is past the drafter's limit at its first step, before any
+# draft agreement, while rank 0's drafts (step 0); rank 0's first request reaches the limit
+# while rank 1's second drafts (steps 4, 5); rank 1's reaches it while rank 0's second drafts
+# (step 8), then both are past it (step 9), then rank 0's is past it while rank 1 idles (step
+# 10: its requests finished, rank 0's not)
+PROMPTS = (
+    ((1, 2, 3, 4, 5, 6), (7, 8, 9, 10, 11, 12, 13)),
+    ((16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26), (14, 15, 27)),
+)
 STEPS = 11
 DUMMY = [1, 1]  # a dummy draft step's batch: one token, one request (upstream: dummy_run(1))
 
@@ -67,24 +72,27 @@ def expected_batches(step: int) -> list[list[list[int]]]:
 
 def drafter_at_the_boundary(ctx: Context) -> str:
     """Two data-parallel ranks with a drafter of three tokens (max_model_len 12: a batch whose
-    longest sequence is past 9 after a step takes no drafts), one request at a time each. Rank
-    0's first request (6 tokens) crosses the drafter's limit at step 4 while rank 1's (2
-    tokens) still drafts; rank 0's second (7 tokens) drafts at step 8 while rank 1's has
-    crossed; both are past at step 9; at step 10 rank 0's is past it and rank 1 idles (its
-    request finished: zero tokens, a dummy step). Steps 3 and 8 sit exactly on the limit
-    (sequence 9 + 3 drafts = 12: drafts). Each step the ranks agree on their unfinished
-    requests, run the target's step (agreeing on each rank's token count), then the drafter's
-    three draft steps, each agreeing on each rank's draft batch (tokens, requests: an
-    all-reduce of a 2x2 int32). Each rank checks its logits against the float64 reference,
-    its drafts against the float64 chain (none past the limit), and, when it drafts, each
-    draft step's agreed batches against the plan (a rank past the limit or idle counts a
-    dummy's one token and one request).
+    longest sequence is past 9 after a step takes no drafts), one request at a time each. At step 0
+    rank 1's first request, a long prompt of 11 tokens (one token to generate), is past the
+    drafter's limit at its very first step, before the ranks have agreed on any draft step, while
+    rank 0's first request (6 tokens) drafts. Rank 0's first request crosses the limit at step 4
+    while rank 1's second (3 tokens) still drafts; rank 0's second (7 tokens) drafts at step 8
+    while rank 1's has crossed; both are past at step 9; at step 10 rank 0's is past it and rank 1
+    idles (its requests finished: zero tokens, a dummy step). Steps 3, 7 and 8 sit exactly on the
+    limit (sequence 9 + 3 drafts = 12: drafts). Each step the ranks agree on their unfinished
+    requests, run the target's step (agreeing on each rank's token count), then the drafter's three
+    draft steps, each agreeing on each rank's draft batch (tokens, requests: an all-reduce of a 2x2
+    int32). Each rank checks its logits against the float64 reference, its drafts against the
+    float64 chain (none past the limit), and, when it drafts, each draft step's agreed batches
+    against the plan (a rank past the limit or idle counts a dummy's one token and one request).
 
     Fixed: a rank past the limit runs the drafter's three dummy steps, so it joins the
-    agreements of the rank that drafts; the traces agree. Buggy: it returns no drafts and ends
-    its step, while its peer waits in the first draft step's all-reduce (upstream: a hang,
-    "No available shared memory broadcast block found"); the coordinator's trace comparison
-    names it: collective_mismatch at step 4.
+    agreements of the rank that drafts, from its first step on; the traces agree. Buggy: it
+    returns no drafts and ends its step, while its peer waits in the first draft step's
+    all-reduce (upstream: a hang, "No available shared memory broadcast block found"); the
+    coordinator's trace comparison names it: collective_mismatch at step 0 (rank 1's long
+    prompt; without it, at step 4). A rank that ran the dummy steps only once some draft step
+    had been agreed (a gate read from the last agreement) would pass steps 4 to 10, not 0.
     """
     runner = dp_runner(ctx, max_model_len=MAX_MODEL_LEN, num_speculative_tokens=K)
     engine = DataParallelEngine(runner)

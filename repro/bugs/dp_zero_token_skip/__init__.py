@@ -40,7 +40,8 @@ FIDELITY = Fidelity(
     ),
     what=(
         "the runner models the per-step token-count all-reduce, the engine loop's "
-        "unfinished-requests all-reduce and the early return of an empty step; no async "
+        "unfinished-requests all-reduce, the early return of an empty step and a drafter's "
+        "per-draft-step batch all-reduce (the runner's greedy drafter, not EAGLE); no async "
         "scheduler, no external launcher gate (the fix here is #44601's: every DP backend), "
         "no MoE collectives; the buggy outcome is the harness's trace oracle "
         "(collective_mismatch), where upstream saw gloo's abort or a hang"
@@ -75,6 +76,7 @@ RECORD = BugRecord(
                 graph_modes=("NONE",),
                 states=(
                     "one DP rank idle, its peer busy",
+                    "one DP rank idle, its peer drafting",
                     "every DP rank idle at once",
                     "a DP rank with nothing unfinished, its peer busy",
                 ),
@@ -110,7 +112,11 @@ RECORD = BugRecord(
         "(open), #51984 (closed), #53578 (open) widen the gate to every DP backend. The brief "
         "that started this record called #44601 a Model Runner V2 port gap: its description "
         "is about the V1 runner's backend gate (not verified: Model Runner V2's own path). "
-        "Relatives in this catalogue: partial_wake_forward (an idle DP rank's dummy batch "
-        "while asleep)."
+        "With speculative decoding the dummy run is also the idle rank's stand-in for the "
+        "drafter (upstream _dummy_run calls drafter.dummy_run whatever its token count), so "
+        "the scenario's runner has a drafter and an idle rank beside a drafting peer joins its "
+        "draft steps' agreements too. Relatives in this catalogue: partial_wake_forward (an "
+        "idle DP rank's dummy batch while asleep); dp_drafter_boundary_hang (a rank past the "
+        "drafter's limit beside a drafting peer)."
     ),
 )

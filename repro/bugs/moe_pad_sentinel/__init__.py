@@ -76,7 +76,8 @@ RECORD = BugRecord(
         Scenario(
             "sentinel_rows",
             (Expect(frozenset({PART}), ILLEGAL),),
-            axes=Axes(states=("padded by tokens",)),  # 3 live rows of 5
+            # 3 live rows of 5; then an EP rank's expert map: rows [-1, 3], [6, -1], [0, 7]
+            axes=Axes(states=("padded by tokens", "non-local experts marked -1 per pair")),
             cpu_signature='kernels/moe_permute\\.py", line \\d+ in _moe_finalize_kernel\\b',
         ),
         Scenario(
@@ -135,6 +136,12 @@ RECORD = BugRecord(
         "line by line, and which sentinel value each upstream kernel checks. Modelled: one "
         "consumer stands for them all, the expert-sorted MoE of moe_pad_nan_topk, whose sort "
         "has no bucket for -1; the guard skips pairs outside [0, num_experts) in the finalize. "
+        "sentinel_rows also walks ids invalid per (token, slot) pair, not per row: an EP rank's "
+        "expert map marks another rank's experts -1 (vLLM's expert_map; #46408 '[Bugfix] "
+        "Support -1 (invalid/non-local) slots in topk_ids for Triton MoE', merged: dispatch "
+        "hands the experts such slots and the reduction must skip each unwritten one; #47785, "
+        "DeepEP's dispatch marks non-local pairs -1), so a guard that tests one id per row "
+        "faults. "
         "#57036's own fix (route -1 to expert 0 with weight 0) would give a padding row "
         "expert 0 in every slot: duplicates, moe_pad_nan_topk's hazard in a consumer that "
         "assumes distinct experts (the mutant route_to_expert_0). A read of weights[-1] "

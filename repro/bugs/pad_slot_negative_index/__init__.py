@@ -59,8 +59,12 @@ RECORD = BugRecord(
                 graph_modes=("FULL", "PIECEWISE"),
                 capture_sizes=(2, 4),  # FULL: graphs of 4; PIECEWISE: of 2 and 4
                 # A's decode: 1 token in the graph of 4 (FULL), in the graph of 2 (PIECEWISE,
-                # under its largest, 4)
-                states=("padded by tokens", "padded count below the largest"),
+                # under its largest, 4); then an eager dummy run of 1 token (every slot -1)
+                states=(
+                    "padded by tokens",
+                    "padded count below the largest",
+                    "an eager dummy run while a request holds blocks",
+                ),
             ),
             signature="extracted hidden states .* vs reference: \\d+/\\d+ differ",
         ),
@@ -98,7 +102,12 @@ RECORD = BugRecord(
         "0), TensorRT-LLM #18673 (a -1 padded cache slot written below the cache's base). "
         "Modelled: one cache-only layer on group 0's blocks and slot mapping stores the "
         "final hidden state of every token; CacheOnlyLayer.extract stands for the "
-        "connector's read. The CPU shows what the GPU shows: torch wraps -1 in both index "
-        "kernels and writes in bounds."
+        "connector's read. The scenario also runs an eager dummy run while the request holds "
+        "the pool's last block: Model Runner V2's dummy batches (an idle DP rank's step, "
+        "profiling, warm-up) take their slot mappings from BlockTables.get_dummy_slot_mappings, "
+        "PAD_SLOT_ID in every entry (read 2026-11, vllm/v1/worker/gpu/block_table.py), so "
+        "eager steps are padded too and a fix applied to graph captures only is caught. The "
+        "CPU shows what the GPU shows: torch wraps -1 in both index kernels and writes in "
+        "bounds."
     ),
 )

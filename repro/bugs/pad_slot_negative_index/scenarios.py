@@ -43,15 +43,19 @@ def extract_config(
     )
 
 
-def serve_and_extract(runner: ModelRunner, label: str) -> list[str | None]:
+def serve_and_extract(runner: ModelRunner, label: str, dummy_run: bool = False) -> list[str | None]:
     """Request A's prefill (5 tokens: over the graph sizes, eager), then one decode step (the
-    smallest graph: its padding tokens have slot -1); then A's hidden states read back from the
-    cache-only layer's cache by its slots (the connector's read) vs the float64 reference of
-    every position, and the decode step's logits vs the recomputed reference."""
+    smallest graph: its padding tokens have slot -1), with `dummy_run` then an eager dummy run
+    of one token (every slot -1) while A holds its blocks; then A's hidden states read back
+    from the cache-only layer's cache by its slots (the connector's read) vs the float64
+    reference of every position, and the decode step's logits vs the recomputed reference."""
     seq = list(PROMPT)
     first = runner.execute_model([Request("A", PROMPT)])
     seq.append(int(first.logits[0].argmax()))
     decode = runner.execute_model([Request("A", (seq[-1],), 0, len(PROMPT))])
+    if dummy_run:  # an idle DP rank's step (or a warm-up): eager, padded throughout
+        # (upstream: the dummy batch's slot mappings are PAD_SLOT_ID everywhere)
+        runner.execute_model(dummy_run=True, num_tokens=1, num_reqs=1)
     kv = runner.kv_cache
     held = kv.blocks[0][0]
     smallest = min(runner.config.graphs.cudagraph_sizes)
@@ -80,20 +84,24 @@ def padded_decode_after_prefill(ctx: Context) -> str:
     pool's last, gets positions 0-3, so position 3 sits in the pool's last slot. A's decode
     step replays the smallest graph, its padding tokens with slot -1: in FULL mode (graphs of 4)
     the graph of 4 (3 padding tokens), in PIECEWISE mode (graphs of 2 and 4) the graph of 2 (1
-    padding token; padded to a size under the largest captured). Then A's 6 hidden states are
-    read back by their slots and compared with the float64 reference (the write is captured in
-    both modes).
+    padding token; padded to a size under the largest captured). Then an eager dummy run of one
+    token (an idle DP rank's step, a warm-up: no graph, every slot -1) while A still holds
+    block 1. Then A's 6 hidden states are read back by their slots and compared with the
+    float64 reference (the write is captured in both modes, and eager in the dummy run).
 
-    Fixed: the write skips slot -1 (the cache-write kernel): every state as the reference.
-    Buggy: torch indexing writes the padding rows at block -1, offset 3: position 3's state is
-    replaced by a padding token's, silently (wrong result on both devices; the step's logits
-    stay right: no attention reads this cache). Without graphs (NONE) nothing is padded.
+    Fixed: the write skips slot -1 (the cache-write kernel), in replays and eager steps alike:
+    every state as the reference. Buggy: torch indexing writes the padding rows at block -1,
+    offset 3: position 3's state is replaced by a padding token's, silently (wrong result on
+    both devices; the step's logits stay right: no attention reads this cache); the eager
+    dummy run writes its token there again. A fix applied to graph captures only (eager steps
+    assumed unpadded) passes the replays and fails at the dummy run: position 3 holds the dummy
+    token's state. Without graphs (NONE) a real step is not padded; a dummy run still is.
     """
     problems = []
     for mode, sizes in MODES:
         runner = ModelRunner(extract_config(ctx, mode, sizes))
         runner.capture_model()
-        problems += serve_and_extract(runner, f"{mode.value}, graphs of {sizes}")
+        problems += serve_and_extract(runner, f"{mode.value}, graphs of {sizes}", dummy_run=True)
     expect_all(problems)
     shown = "; ".join(f"{m.value} (graphs of {s})" for m, s in MODES)
     return f"{shown}: A's extracted hidden states as the reference"
