@@ -71,6 +71,8 @@ STATES = (
     "freed block reused by a new request",  # a new request is given a block another freed
     "hybrid groups",  # a state group in group 0's blocks (RunnerConfig.cache.hybrid)
     "a later KV group split",  # a group after group 0 in kernel blocks under the manager's
+    # a split group's steps replayed on the metadata built from the capture's dummy batches
+    "split KV group replayed on capture metadata",
     # padding of a graph replay
     "padded by tokens",  # padding tokens (and so padding rows) behind the live ones
     "padded by requests only",  # the graph's tokens filled exactly, padding requests

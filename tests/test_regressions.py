@@ -205,8 +205,12 @@ REQUIRED_AXES = {
         "states": {"restricted/unrestricted swap", "restricted/restricted swap"},
     },
     "kernel_block_size": {
-        "graph_modes": {"NONE"},
-        "states": {"a later KV group split", "hybrid groups"},
+        "graph_modes": {"NONE", "FULL_AND_PIECEWISE"},
+        "states": {
+            "a later KV group split",
+            "hybrid groups",
+            "split KV group replayed on capture metadata",
+        },
     },
     # memos, aliases (issue 24): a hot-added adapter evicts one in flight, eager and replayed
     "lora_slot_memo": {
@@ -342,6 +346,7 @@ REQUIRED_AXES = {
             "no EAGLE back-off",
             "prefix hit on a cached Mamba state",
             "a chunk resuming mid-block",
+            "freed block reused by a new request",
         },
     },
     # the conv kernel's two final-state stores: short and long chunks, from a cached state and

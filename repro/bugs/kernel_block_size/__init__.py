@@ -62,9 +62,16 @@ RECORD = BugRecord(
             "prefill_then_decode",
             (Expect(frozenset({PART}), WRONG),),
             axes=Axes(
-                graph_modes=("NONE",),
+                # the main runner: each step replayed (PIECEWISE 8, FULL decode 2), then eager
+                graph_modes=("NONE", "FULL_AND_PIECEWISE"),
+                capture_sizes=(2, 8),
+                steps_per_size=1,
                 # SPLITS: group 1 split alone; a hybrid runner
-                states=("a later KV group split", "hybrid groups"),
+                states=(
+                    "a later KV group split",
+                    "hybrid groups",
+                    "split KV group replayed on capture metadata",
+                ),
             ),
             signature="prefill logits vs reference: \\d+/\\d+ differ",
         ),
@@ -103,6 +110,12 @@ RECORD = BugRecord(
         "pages and BlockTables expands manager blocks into kernel blocks; the builder's size "
         "reaches paged_attention as a host-side argument (its kernel took the block size as a "
         "runtime value already). The flashmla/trtllm decode backends page by the cache view "
-        "and are not given the builder's size here."
+        "and are not given the builder's size here. Round 6 (an independent regression that "
+        "gave dummy batches the manager's sizes survived: the scenario ran eagerly): the main "
+        "runner now captures FULL_AND_PIECEWISE graphs first, as upstream's CudaGraphManager "
+        "builds its capture metadata through the same builders (vllm/v1/worker/gpu/"
+        "cudagraph_utils.py, prepare_inputs_to_capture), and replays the prefill (PIECEWISE) "
+        "and the decode (FULL) before running each eagerly: a split KV group replayed on "
+        "capture metadata."
     ),
 )

@@ -92,6 +92,8 @@ RECORD = BugRecord(
                     "no EAGLE back-off",
                     "prefix hit on a cached Mamba state",
                     "a chunk resuming mid-block",
+                    # an unrelated request between the producer's wave and the consumer
+                    "freed block reused by a new request",
                 ),
             ),
             signature="consumer \\(hit 8 tokens\\) logits vs reference: \\d+/\\d+ differ",
@@ -131,6 +133,12 @@ RECORD = BugRecord(
         "(the state at EAGLE's resume position), #54076 (open: the split on the Mamba group's "
         "block size, not the smallest group's: the same poisoning class), #33706 (alignment "
         "for resumed requests), #34798 (Mamba1 kernel-level chunk alignment), 1Cat-vLLM #472 "
-        "(a split that returns 0 forever: starvation)."
+        "(a split that returns 0 forever: starvation). Round 6 (an independent regression "
+        "whose finish freed cached slots too survived: nothing was allocated between a "
+        "producer's finish and the consumer's hit but the consumer's own new entry): an "
+        "unrelated request now runs between them, so a freed block is reused by a new request "
+        "before the hit (upstream's BlockPool evicts a cached block's hash when the free queue "
+        "hands it out again, vllm/v1/core/block_pool.py _maybe_evict_cached_block; the "
+        "engine here keeps cached slots out of the free list instead)."
     ),
 )

@@ -15,6 +15,9 @@ BLOCK, BUDGET = 8, 16  # every prompt fits one step's budget: a prefill alone is
 FIRST = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # 10 tokens: scheduled first, it leaves 6 of the budget
 PROMPT = [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9, 0, 4, 5]  # the producer's, cut to each length
 TAIL = [11, 12, 13]  # the consumer: the producer's first block, then tokens of its own
+# an unrelated request run alone after the producer's wave finished, before the consumer: its
+# 24 tokens take two new entries (with or without the back-off), from the free list's end
+OTHER = [15, 0, 14, 6, 10, 3, 12, 9, 7, 13, 4, 11, 1, 8, 5, 2, 15, 9, 6, 0, 10, 14, 3, 12]
 LONG = [*PROMPT, 3, 9, 7, 1, 0, 6, 2, 5, 8, 4, 1, 7, 3, 6]  # 30 tokens: a session's turns
 TURN = 11  # the session's first turn ends mid-block: its next turn resumes at token 11
 RESUMES = (("no EAGLE, a next turn to 30 tokens", False, 30), ("EAGLE, to 20", True, 20))
@@ -76,7 +79,9 @@ def shared_budget_resume(ctx: Context) -> str:
     tokens: every prompt fits in one step alone). Per case: a first wave of prefills, the
     producer after a 10-token prompt that takes part of the budget (or alone), then a consumer
     whose prompt is the producer's first block and 3 tokens of its own, which resumes from the
-    state cached at token 8 when there is one. Cases: producer prompts of 9, 12, 15 and 16
+    state cached at token 8 when there is one; between them an unrelated 24-token request runs
+    alone and finishes, its two new entries taking slots from the free list's end, where the
+    wave's finished requests put theirs. Cases: producer prompts of 9, 12, 15 and 16
     tokens with the EAGLE back-off of the last cache position (under two blocks it is 0), one
     prefill alone, and two prefills without the back-off. Then a session whose first turn (11
     tokens) ends mid-block and whose next turn (30 tokens without the back-off, 20 with it)
@@ -96,7 +101,11 @@ def shared_budget_resume(ctx: Context) -> str:
     Fixed: a chunk past the last cache position still ends on a block boundary or at the
     prompt's end: the producer's 6-token share is deferred, its prompt runs in one chunk and
     its first entry stays null (no hit for the consumer), or with 16 tokens or without the
-    back-off the chunk stops at token 8 and the consumer's hit is right. Buggy: with the
+    back-off the chunk stops at token 8 and the consumer's hit is right: the unrelated request
+    reuses freed slots but never a cached one (a finished request's cached slots stay cached,
+    out of the free list). A finish that frees cached slots too hands the producer's entry at 8
+    to the unrelated request, which writes its own state there, still hashed as the producer's
+    state at 8: the consumer restores it, its logits differ. Buggy: with the
     back-off and two prefills, the producer's first chunk ends mid-block (tokens 0-6, or 0-4),
     the next crosses token 8 and the entry holding the state at token 6 is hashed as the state
     at 8; the consumer resumes from it: its logits differ, and the producer's first chunk ends
@@ -111,6 +120,11 @@ def shared_budget_resume(ctx: Context) -> str:
         producer = PROMPT[:length]
         first = {"first": FIRST} if shared else {}
         wave = engine.prefill({**first, "producer": producer})
+        freed = {c.slot for step in engine.chunks for c in step}  # the wave's, now finished
+        since = len(engine.chunks)
+        _, other = engine.prefill({"other": OTHER})["other"]
+        took = {c.slot for step in engine.chunks[since:] for c in step}
+        assert took & freed, f"trigger not reached: the other request took slots {took}"
         consumer = [*producer[:BLOCK], *TAIL]
         (hit, logits) = engine.prefill({"consumer": consumer})["consumer"]
         hits.append(hit)
@@ -118,6 +132,8 @@ def shared_budget_resume(ctx: Context) -> str:
         for req, prompt in (*first.items(), ("producer", producer)):
             ref = mixer_reference(engine.weights, prompt)
             problems.append(close(f"{what}: {req} logits vs reference", wave[req][1], ref))
+        ref = mixer_reference(engine.weights, OTHER)
+        problems.append(close(f"{what}: other logits vs reference", other, ref))
         ref = mixer_reference(engine.weights, consumer)
         problems.append(
             close(f"{what}: consumer (hit {hit} tokens) logits vs reference", logits, ref)
