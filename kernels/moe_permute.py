@@ -81,7 +81,12 @@ def moe_permute_experts(
         k,
         TOP_K=top_k,
         BLOCK_T=BLOCK_T,
-        BLOCK_E=triton.next_power_of_2(num_experts),
+        # NOTE: at least 8: with 4 expert columns (a [64, 4] tile) the sort's rows of a
+        # 9-token batch came out wrong on an H200 (Triton 3.6; the interpreter right): pairs
+        # with no row, the GEMM's stores landing elsewhere. 8 and 16 were right (2026-11-28).
+        # The 16-bit refusal above may be the same defect: one bfloat16 sample (9 tokens, 8
+        # experts) was off by 47 with a tile of 8 and exact with 16 (not yet a test)
+        BLOCK_E=max(8, triton.next_power_of_2(num_experts)),
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
     )

@@ -53,9 +53,9 @@ def piecewise_padded_decode(ctx: Context) -> str:
 # Expert parallelism, rank 0 of 2 over 16 experts: global experts 0-7 are its local experts
 # 0-7, experts 8-15 live on the other rank (-1). The gate's real rows pick [12, 3], [6, 9] and
 # [0, 7] (a margin of 1 logit each), mapped to [-1, 3], [6, -1], [0, 7]: -1 per (token, slot)
-# pair, not per row; a padding row's -1 stays -1. NOTE: 8 local experts, the size the other
-# scenarios run: with 4 the GEMM's rows were wrong on an H200 with or without -1 ids, while
-# the interpreter passed (2026-11-28, open, as tests/test_moe_permute.py's 16-bit case)
+# pair, not per row; a padding row's -1 stays -1. 8 local experts, the size the other
+# scenarios run (4 gave wrong rows on an H200 until kernels/moe_permute.py's expert tile
+# became at least 8 wide: see its NOTE)
 EXPERT_MAP = tuple(range(8)) + (-1,) * 8
 EP_PICKS = ((12, 3), (6, 9), (0, 7))
 LOCAL_IDS = ((-1, 3), (6, -1), (0, 7), (-1, -1), (-1, -1))
