@@ -311,12 +311,13 @@ def cmd_check(args: argparse.Namespace) -> int:
             elif args.no_confirm:
                 first, again = isolator.run_all(p.jobs), {}
             else:  # a failure's confirming run starts as soon as it failed (one at a time)
-                twins = _twins(p.jobs, p.device)  # confirming runs started with the first ones
+                starts, twins = _schedule(p, keep_order=bool(getattr(args, "suspect", None)))
                 confirm = _Confirm(lambda r, a: find(r, a).counted, twins)
-                ran = isolator.run_all(
-                    [*p.jobs, *twins], then=confirm, until=confirm.stop, drop=confirm.drop
-                )
-                first = [confirm.firsts.get(job, r) for job, r in zip(p.jobs, ran, strict=False)]
+                ran = isolator.run_all(starts, then=confirm, until=confirm.stop, drop=confirm.drop)
+                by_job: dict[Job, Result] = {}
+                for job, r in zip(starts, ran, strict=False):  # a twin's copy is its job's
+                    by_job.setdefault(job, confirm.firsts.get(job, r))
+                first = [by_job[job] for job in p.jobs]  # reported in the record's order
                 again = confirm.again
         except Interrupted:
             print(f"{p.label}: cannot test: interrupted")
@@ -342,6 +343,36 @@ def cmd_check(args: argparse.Namespace) -> int:
         if f.first.outcome != Outcome.PASS and f.first.evidence:
             print(evidence_lines(f.first.evidence))
     return code
+
+
+def _schedule(p: Plan, keep_order: bool = False) -> tuple[list[Job], list[Job]]:
+    """(every run to start, in that order; the twins among them). Where the record expects a
+    scenario to fail under the variant checked (`--variant buggy`, `--without`), the one
+    usually soonest to end starts first with its twin (its second run) beside it, on the CPU
+    as on a GPU: the two settle exit 1 together, and no other run queues ahead of its
+    confirmation. The other scenarios start longest first (by the usual seconds the record
+    ships), so that the last to start are short and the CPUs finish together. What runs, and
+    the verdict, are the same in any order; only the wall differs. `keep_order`: the plan's
+    order (--suspect chose it), twins on idle CPUs only."""
+    if keep_order:
+        twins = _twins(p.jobs, p.device)
+        return [*p.jobs, *twins], twins
+    usual = {job: p.bug.usual_s(job.scenario, p.device) for job in p.jobs}
+    seconds = lambda job: float("inf") if usual[job] is None else usual[job]  # noqa: E731
+    fails = [
+        job
+        for job in p.jobs
+        if p.bug.scenario(job.scenario).expected(p.fixes, p.device).is_failure
+        and (job.ranks == 1 or p.device != "cpu")  # two CPUs hold one run of ranks
+    ]
+    lead = min(fails, key=seconds) if fails else None
+    rest = sorted((job for job in p.jobs if job != lead), key=seconds, reverse=True)
+    if lead is None:
+        twins = _twins(tuple(rest), p.device)
+        return [*rest, *twins], twins
+    idle = [job for job in _twins((lead, lead, *rest), p.device) if job != lead]
+    twins = [lead, *idle]  # at the normal priority: it is the confirmation expected
+    return [lead, twins[0], *rest, *idle], twins
 
 
 TWIN_NICE = 10  # a twin's niceness (os.nice): it yields to the first runs and to other work

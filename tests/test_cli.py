@@ -366,6 +366,35 @@ def test_check_runs_a_suspect_parts_scenarios_first() -> None:
         order("--suspect", "lora_dummy_mapping")
 
 
+@pytest.mark.lora_graph_capture
+def test_a_check_starts_the_expected_failure_with_its_twin_then_the_longest(monkeypatch) -> None:
+    """The order only (repro.check._schedule): a variant the record expects to fail starts the
+    expected failure usually soonest to end with its second run beside it, at the normal
+    priority; the rest longest first; a fixed check longest first; --suspect the plan's."""
+    from repro.check import _schedule, plan
+    from repro.commands import build_parser
+
+    monkeypatch.setattr("repro.check._busy", lambda: 0)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+
+    def schedule(*extra: str):
+        args = build_parser().parse_args(["check", "lora_graph_capture", "--device", "cpu", *extra])
+        p = plan(args)
+        return p, *_schedule(p, keep_order=bool(args.suspect))
+
+    p, starts, twins = schedule()
+    usual = [p.bug.usual_s(job.scenario, "cpu") for job in starts]
+    assert sorted(starts, key=p.jobs.index) == list(p.jobs) and twins == []
+    assert usual == sorted(usual, reverse=True)  # fixed: longest first, no twin on 2 CPUs
+    p, starts, twins = schedule("--variant", "buggy")
+    soonest = min(p.jobs, key=lambda job: p.bug.usual_s(job.scenario, "cpu"))
+    assert starts[:2] == [soonest, soonest] and twins == [soonest] and twins[0].nice == 0
+    rest = [p.bug.usual_s(job.scenario, "cpu") for job in starts[2:]]
+    assert rest == sorted(rest, reverse=True) and len(starts) == len(p.jobs) + 1
+    p, starts, twins = schedule("--variant", "buggy", "--suspect", "lora_capture_launch")
+    assert starts == list(p.jobs) and twins == []
+
+
 def test_a_check_confirms_one_failure_at_a_time_until_one_counts() -> None:
     """The confirming runs of `repro check`: the first failure is rerun at once; the next only
     if that confirmation does not count (here: flaky); once one counts, no more reruns."""
