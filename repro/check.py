@@ -358,7 +358,7 @@ def _schedule(p: Plan, keep_order: bool = False) -> tuple[list[Job], list[Job]]:
         twins = _twins(p.jobs, p.device)
         return [*p.jobs, *twins], twins
     usual = {job: p.bug.usual_s(job.scenario, p.device) for job in p.jobs}
-    seconds = lambda job: float("inf") if usual[job] is None else usual[job]  # noqa: E731
+    seconds = lambda job: float("inf") if usual[job] is None else usual[job]
     fails = [
         job
         for job in p.jobs
