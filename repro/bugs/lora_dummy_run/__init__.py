@@ -19,7 +19,7 @@ ASSERT = ByDevice.both(Outcome.DEVICE_ASSERT)
 # the batches of capture scenarios: each FULL size, the smallest twice; adapters and base mixed
 CAPTURE_AXES = Axes(
     graph_modes=("FULL",),
-    capture_sizes=(4, 8, 16),
+    capture_sizes=(4, 8),
     steps_per_size=2,
     adapters=("enabled", "absent"),
 )

@@ -18,18 +18,16 @@ from harness.runner.input_batch import Request, dummy_lengths
 from harness.runner.model_runner import ModelRunner, runner_config
 
 DUMMY_TOKENS, DUMMY_REQS = 8, 2
-# Real batches after a capture, one per FULL graph size (4, 8, 16 tokens), then the 4-token
-# graph again with other requests; every adapter and the base model mixed; the LM-head LoRA
-# sees each request's adapter.
+# Real batches after a capture, one per FULL graph size (4, 8 tokens), then the 4-token graph
+# again with other requests; every adapter and the base model mixed; the LM-head LoRA sees each
+# request's adapter. (A 16-token graph and a 12-token batch for it were dropped, 2026-11-28: no
+# regression of the sets needed them, and they were a third of a scenario's interpreted time.)
+CAPTURE_SIZES = (4, 8)
 BATCHES = (
     ("3 tokens, all on adapter 1", (Request("a", (3, 5), 1), Request("b", (7,), 1))),
     (
         "7 tokens: base + adapter 1 + adapter 2",
         (Request("a", (2, 4, 6), 0), Request("b", (8,), 1), Request("c", (9, 10, 12), 2)),
-    ),
-    (
-        "12 tokens: adapter 2 and base",
-        (Request("x", tuple(range(20, 31)), 2), Request("y", (1,), 0)),
     ),
     (
         "4 tokens again: adapter 2, base, adapter 1",
@@ -40,6 +38,7 @@ BATCHES = (
 
 def lora_runner(ctx: Context, **config) -> ModelRunner:
     """A runner with LoRA enabled and two adapters loaded (ids 1 and 2), no mapping set yet."""
+    config = {"cudagraph_sizes": CAPTURE_SIZES, **config}
     runner = ModelRunner(runner_config(ctx.device, ctx.fixes, dtype=ctx.dtype, **config))
     runner.add_lora(1, seed=ctx.seed + 11)
     runner.add_lora(2, seed=ctx.seed + 12)
@@ -142,7 +141,7 @@ def capture_without_dummy_run(ctx: Context) -> str:
     """CUDA-graph capture straight after loading the adapters: no dummy run came first.
 
     capture_model's LoRA capture hook sets the dummy LoRA state itself, then every FULL graph
-    (4, 8, 16 tokens) is captured on it; real batches follow. Fixed: replay == eager ~
+    (4, 8 tokens) is captured on it; real batches follow. Fixed: replay == eager ~
     reference. Without lora_dummy_mapping: the capture's warm-up runs the LoRA embedding on
     the unset (poisoned) metadata: device-side assert on the GPU, IndexError on the CPU.
     Without lora_capture_launch: the graphs hold no LoRA kernel: wrong result.

@@ -75,7 +75,7 @@ RECORD = BugRecord(
             ),
             (
                 "capture_after_base_batch",
-                "the real batch wrote offsets for its 5 tokens only; the 16-token capture "
+                "the real batch wrote offsets for its 5 tokens only; the 8-token capture "
                 "reads the poisoned rest",
             ),
         )

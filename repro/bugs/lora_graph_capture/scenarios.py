@@ -20,7 +20,7 @@ def _warm_up(runner: ModelRunner) -> None:
 
 
 def full_graphs(ctx: Context) -> str:
-    """Warm-up dummy run -> FULL capture (4, 8, 16 tokens) -> real LoRA batches.
+    """Warm-up dummy run -> FULL capture (4, 8 tokens) -> real LoRA batches.
 
     Batches, in a row, one per graph: all tokens on adapter 1; base + adapter 1 + adapter 2;
     adapter 2 and base. Each: replay vs eager vs the dense float64 reference, hidden states of
