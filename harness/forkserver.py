@@ -195,37 +195,12 @@ def _spare_main(request: dict, server_pid: int, fd: int) -> None:
 
             torch.cuda.init()
             torch.cuda.synchronize()  # the primary context; the caching allocator untouched
-            if os.environ.get(ENV_SPARE_KERNELS, "0") == "1":
-                _load_torch_kernels(torch)
         with os.fdopen(fd, "rb") as pipe:
             line = pipe.readline()
         if line.endswith(b"\n"):
             _run(json.loads(line), time.monotonic())
     finally:
         os._exit(70 if line.endswith(b"\n") else 0)
-
-
-ENV_SPARE_KERNELS = "REPRO_SPARE_KERNELS"  # "1": a spare loads torch's common kernels ahead
-
-
-def _load_torch_kernels(torch) -> None:
-    """Load the device code of torch's common elementwise and indexing kernels, as a run's first
-    use of each would (lazy loading: one kernel at a time, at its first launch), then give back
-    every byte: the caching allocator ends empty, as a fresh child's starts. No cuBLAS call (its
-    handle keeps a workspace allocated)."""
-    dev = torch.device("cuda")
-    for dtype in (torch.float32, torch.bfloat16, torch.int32, torch.int64):
-        x = torch.arange(8, device=dev).to(dtype)
-        y = torch.zeros(8, dtype=dtype, device=dev).fill_(1)
-        ids = torch.tensor([1, 0], device=dev)
-        parts = (x * y, x + y, x - y, torch.where(x > y, x, y), x.eq(y), x.ne(y), torch.cat((x, y)))
-        parts += (torch.index_select(x, 0, ids), x.clone(), x.abs(), x.cumsum(0), x.to(torch.float32))
-        if dtype.is_floating_point:
-            parts += (torch.relu_(x.clone()), x.softmax(0), x.argmax(), x.sum(), x.max(), x.isnan())
-            parts += (torch.nn.functional.embedding(ids, x.view(4, 2)), x.float().double().cpu())
-        del parts, x, y, ids
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
 
 
 def _fork(run, *args) -> int:
