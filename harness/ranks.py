@@ -24,7 +24,9 @@ group differ at the same index, or a rank waits in a collective that another ran
 group will never issue (that rank finished the step, moved past it, or exited), the run is
 `collective_mismatch`, the first divergence named, every rank killed: in seconds, not at the
 backend's timeout. A rank that fails otherwise (a fault, an exception, a wrong result) names
-the run's outcome ("rank 1: illegal_address: ..."), the first to fail deciding. A real hang is
+the run's outcome ("rank 1: illegal_address: ..."), the first to fail deciding, at once (a
+peer still spinning on a flag of the dead rank is not waited for); only a rank whose collective
+lost its peer, an effect, waits up to CAUSE_WAIT_S for its cause to exit. A real hang is
 bounded by the run's limit (the parent asks for stacks: the coordinator forwards SIGUSR1 to
 its ranks and prints each one's stack under "=== rank R stacks ===") and by the process
 group's timeout, set past the run's limit.
@@ -60,7 +62,8 @@ SOCKET_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 POLL_S = 0.02  # how often the coordinator reads the ranks' traces and exits
 # the backends' words for a peer that went away (gloo's TCP pair, NCCL's abort)
 PEER_LOST = re.compile(r"Connection (reset|closed) by peer|remote process exited|aborted", re.I)
-CAUSE_WAIT_S = 2.0  # after a rank fails: the others' time to exit (so the cause is seen)
+CAUSE_WAIT_S = 2.0  # after a rank's collective lost its peer: the others' time to exit (so the
+# cause is seen); a rank that failed otherwise is the cause, decided at once
 PG_TIMEOUT_GRACE_S = 30.0  # the process group's timeout is past the run's own limit
 DUMP_WAIT_S = 0.3  # after forwarding SIGUSR1, time for the ranks to write their stacks
 REAP_S = 10.0  # a killed rank stuck in the driver: give up on its exit status
@@ -357,8 +360,12 @@ class _Coordinator:
             if failed and failed_at is None:
                 failed_at = time.monotonic()
             done = all(r.returncode is not None for r in self.ranks)
-            if failed and (done or time.monotonic() - failed_at > CAUSE_WAIT_S):
-                return self._failed(min(failed, key=self._cause_first))
+            cause = min(failed, key=self._cause_first) if failed else None
+            # a failure that is no lost peer is the cause already (no rank exiting later can
+            # come before it); only an effect waits for its cause, CAUSE_WAIT_S at most
+            final = cause is not None and not self._cause_first(cause)[0]
+            if failed and (done or final or time.monotonic() - failed_at > CAUSE_WAIT_S):
+                return self._failed(cause)
             if done:
                 return self._passed_all()
             time.sleep(POLL_S)

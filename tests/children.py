@@ -119,6 +119,15 @@ def rank_one_segfaults(ctx: Context) -> str:
     return "unreachable"
 
 
+def rank_one_raises_rank_zero_lingers(ctx: Context) -> str:
+    """Two ranks: rank 1 raises at once (no lost peer: the cause); rank 0 goes on for a second
+    and a half without a collective (a peer spinning on a flag the dead rank never sets)."""
+    if ctx.rank == 1:
+        raise RuntimeError("rank 1 broke")
+    time.sleep(1.5)
+    return "rank 0 ended"
+
+
 def ranks_hang(ctx: Context) -> str:
     """Every rank hangs in Python (no collective): the run's limit ends it."""
     while True:

@@ -110,6 +110,17 @@ def test_a_rank_that_faults_names_the_run() -> None:
     assert result.evidence.startswith("rank 1: illegal_address: killed by SIGSEGV"), result.evidence
 
 
+def test_a_rank_that_fails_otherwise_than_a_lost_peer_decides_at_once() -> None:
+    """The cause decides without waiting for the other ranks to exit: rank 0, still running
+    when rank 1 raised, is killed by the coordinator, not waited for (CAUSE_WAIT_S is for a
+    rank whose collective lost its peer, an effect)."""
+    with Isolator() as iso:
+        result = iso.run(_ranks_job("rank_one_raises_rank_zero_lingers", 120))
+    assert result.outcome == Outcome.ERROR, result.evidence  # raised in the scenario's own file
+    assert result.evidence.startswith("rank 1: error"), result.evidence
+    assert "rank 0: running (killed by the coordinator)" in result.evidence, result.evidence
+
+
 def test_a_hang_of_ranks_is_a_timeout_with_every_rank_stack() -> None:
     with Isolator() as iso:
         # ranks forked from the warm coordinator reach the hang in about a second: 12 s is the
