@@ -311,7 +311,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             elif args.no_confirm:
                 first, again = isolator.run_all(p.jobs), {}
             else:  # a failure's confirming run starts as soon as it failed (one at a time)
-                starts, twins = _schedule(p, keep_order=bool(getattr(args, "suspect", None)))
+                starts, twins = _schedule(p, keep_order=bool(args.suspect))
                 confirm = _Confirm(lambda r, a: find(r, a).counted, twins)
                 ran = isolator.run_all(starts, then=confirm, until=confirm.stop, drop=confirm.drop)
                 by_job: dict[Job, Result] = {}
@@ -370,8 +370,9 @@ def _schedule(p: Plan, keep_order: bool = False) -> tuple[list[Job], list[Job]]:
     if lead is None:
         twins = _twins(tuple(rest), p.device)
         return [*rest, *twins], twins
+    # twins of the rest on CPUs still idle: the lead's two runs counted as two jobs
     idle = [job for job in _twins((lead, lead, *rest), p.device) if job != lead]
-    twins = [lead, *idle]  # at the normal priority: it is the confirmation expected
+    twins = [lead, *idle]  # the lead's at the normal priority: the confirmation expected
     return [lead, twins[0], *rest, *idle], twins
 
 
