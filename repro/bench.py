@@ -2,12 +2,14 @@
 interpreter importing torch and Triton, and initializing CUDA on a GPU). A benchmark, not a test:
 it prints what it measured; compare the JSON between commits or machines.
 
-    repro bench [--device cpu|cuda|auto] [--repeat N] [--json FILE]
+    repro bench [--device cpu|cuda|auto] [--repeat N] [--shard K/N] [--json FILE]
     repro bench --per-bug [--bug BUG ...] [--device ...] [--json FILE]
 
 Figures (median of N runs): usage error, `repro list`, `repro check` of one scenario cold (a
 private server) and warm (`repro serve` running), the overhead of one child that does nothing
-(warm), and `repro matrix --each-part` on the device (warm). On a GPU also the matrix's floor:
+(warm), and `repro matrix --each-part` on the device (warm; with --shard K/N, its part K of N only,
+as one of CI's runners runs it: the JSON says which part, and `repro diff` compares a matrix's
+figures only between files of the same part). On a GPU also the matrix's floor:
 its number of runs times the time per child that only makes a CUDA context, measured four at
 once (a GPU takes only so many new contexts a second, however many processes ask: about 5.5 on
 the H100 machine we measured; a run in its own process cannot cost less).
@@ -49,7 +51,16 @@ from harness.record import USUAL_FILE
 from harness.servers import ENV_SERVER
 from harness.userdir import ENV_SERVER_DIR
 from repro import registry
-from repro.common import BENCH_SCHEMA, device_choice, prepare, print_table, unavailable, writable
+from repro.common import (
+    BENCH_SCHEMA,
+    device_choice,
+    parse_shard,
+    prepare,
+    print_table,
+    shard_option,
+    unavailable,
+    writable,
+)
 
 CHECK = ("check", "lora_dummy_run", "--scenario", "dummy_run_before_mapping")
 
@@ -66,6 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--usual", action="store_true", help="each scenario's usual seconds (above)")
     b.add_argument("--write", action="store_true", help="with --usual: into the records")
+    shard_option(b)
     b.add_argument(
         "--table",
         nargs="+",
@@ -127,6 +139,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
     if args.json:
         writable(args.json, "--json")
+    shard = parse_shard(args.shard)
+    if shard and (args.per_bug or args.bug or args.checks or args.usual or args.table):
+        raise UsageError("--shard goes with the default figures only (it parts their matrix)")
     device = devices.resolve(device_choice(args.device))
     why = unavailable(device)
     if why:
@@ -163,6 +178,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             figures["child_overhead"] = _per_child(device, args.repeat, "harness.child:noop", 1)
             runs = Path(tmp) / "matrix.json"
             matrix = [*repro, "matrix", "--each-part", "--device", device, "--json", str(runs)]
+            matrix += ["--shard", args.shard] if shard else []
             figures["matrix_each_part"] = _timed(matrix, warm, 0)
             if device == "cuda":
                 context = _per_child(device, args.repeat, "harness.child:cuda_context", 4)
@@ -170,7 +186,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 figures["matrix_floor"] = count * context
         finally:
             subprocess.run([*repro, "serve", "--device", device, "--stop"], **quiet)
-    return _report(device, figures, args.json)
+    return _report(device, figures, args.json, args.shard)
 
 
 def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None, checks: bool) -> int:
@@ -325,7 +341,9 @@ def table(paths: list[str]) -> str:
             raise UsageError(f"--table {path}: not a {BENCH_SCHEMA} document")
         docs.append(doc)
     heads = [
-        f"{d.get('machine', d['device'])}, {d['cpus']} CPUs ({Path(p).name})"
+        f"{d.get('machine', d['device'])}, {d['cpus']} CPUs"
+        + (f", matrix part {d['shard']}" if d.get("shard") else "")
+        + f" ({Path(p).name})"
         for d, p in zip(docs, paths, strict=True)
     ]
     lines = ["| figure | " + " | ".join(heads) + " |", "|---" * (len(docs) + 1) + "|"]
@@ -343,11 +361,12 @@ def table(paths: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _report(device: str, figures: dict[str, float], path: str | None) -> int:
+def _report(device: str, figures: dict[str, float], path: str | None, shard: str | None) -> int:
     floor = figures["floor_import"]
     rows = [("figure", "seconds", "x floor")]
     rows += [(name, f"{s:.3f}", f"{s / floor:.2f}") for name, s in figures.items()]
-    print(f"repro bench on {device} ({platform.node()}, {os.cpu_count()} CPUs)")
+    part = f", the matrix's part {shard}" if shard else ""
+    print(f"repro bench on {device} ({platform.node()}, {os.cpu_count()} CPUs{part})")
     print_table(rows)
     if path:
         result = {
@@ -355,6 +374,7 @@ def _report(device: str, figures: dict[str, float], path: str | None) -> int:
             "device": device,
             "cpus": os.cpu_count(),
             "figures": figures,
+            **({"shard": shard} if shard else {}),
         }
         Path(path).write_text(json.dumps(result, indent=2))
     return _exit()

@@ -14,7 +14,8 @@ parts, comma-separated in `diff`) are read as one.
 
 `diff` of two `repro bench --json` files (repro-bench/1) names every figure that got more than
 SLOWER times slower (and at least NOISE_S seconds), and exits 1 when any did: CI's warning step
-against the last main run's bench.
+against the last main run's bench. A bench of one part (`repro bench --shard K/N`) timed that
+part's matrix: its matrix figures are compared with the same part's only.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from harness.fixes import UsageError
 from repro.common import BENCH_SCHEMA
 from repro.results import SCHEMA_ID, LiveJunit, problem
 
+SHARDED = ("matrix_each_part", "matrix_floor")  # a bench's figures of its --shard part
 SLOWER = 1.5  # a figure this many times slower than before is named by `repro diff`
 NOISE_S = 0.05  # ... when it also grew by at least this many seconds
 OUTCOME_COLOURS = {"pass": "#cfe8cf", "skipped": "#e6e6e6"}  # failures: by expectation below
@@ -204,7 +206,12 @@ def load_bench(paths: str) -> dict[str, float]:
             raise UsageError(f"{path}: not a bench document: {e}") from None
         if not isinstance(doc, dict) or doc.get("schema") != BENCH_SCHEMA:
             raise UsageError(f"{path}: not a {BENCH_SCHEMA} document")
-        figures.update(doc.get("figures", {}))
+        part = doc.get("shard")  # a part's matrix is compared with the same part's only
+        figures.update(
+            {f"{k}[{part}]" if part and k in SHARDED else k: v for k, v in doc["figures"].items()}
+            if isinstance(doc.get("figures"), dict)
+            else {}
+        )
         for bug, row in doc.get("bugs", {}).items():
             figures.update({f"{bug}.{name}": v for name, v in row.items()})
     return {k: v for k, v in figures.items() if isinstance(v, (int, float))}

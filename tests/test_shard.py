@@ -159,3 +159,51 @@ def test_bench_names_a_check_that_did_not_end_as_its_verdict(
     assert bench._per_bug("cpu", ["lora_dummy_run"], 1, None, True) == code
     err = capsys.readouterr().err
     assert ("exit 1, not 0" in err) == (fixed == 1) and ("exit 0, not 1" in err) == (buggy == 0)
+
+
+def test_bench_diff_compares_a_parts_matrix_with_the_same_part_only(tmp_path) -> None:
+    """A runner's bench times its own part's matrix (`repro bench --shard K/N`): against
+    another part's, or the whole's, the matrix figure would be no comparison at all."""
+
+    def part(name, shard, matrix):
+        doc = {"schema": "repro-bench/1", "figures": {"matrix_each_part": matrix, "list": 0.2}}
+        (tmp_path / name).write_text(json.dumps({**doc, **({"shard": shard} if shard else {})}))
+        return str(tmp_path / name)
+
+    before = part("before.json", "2/2", 30.0)
+    slower = repro("diff", before, part("slower.json", "2/2", 70.0))
+    assert slower.returncode == 1, slower.stdout + slower.stderr
+    assert "matrix_each_part[2/2]: 30.000s -> 70.000s (2.33x)" in slower.stdout
+    for other in (part("whole.json", None, 70.0), part("first.json", "1/2", 70.0)):
+        done = repro("diff", before, other)
+        assert done.returncode == 0 and "0 of 1 figure(s)" in done.stdout, done.stdout
+
+
+@pytest.mark.cpu_job
+def test_a_bench_of_one_part_times_that_parts_matrix_and_says_so(monkeypatch, tmp_path) -> None:
+    from repro import bench, commands
+
+    timed = []
+
+    def run(argv, **kwargs):
+        timed.append(list(argv))
+        return subprocess.CompletedProcess(argv, 2 if "no_such_bug" in argv else 0)
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    monkeypatch.setattr(bench, "_per_child", lambda *args: 0.1)
+    monkeypatch.setattr(bench, "_WRONG_EXITS", [])
+    for name in (bench.ENV_SERVER, bench.ENV_SERVER_DIR):  # the bench sets them: restored after
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--device", "cpu", "--repeat", "1", "--shard", "2/2", "--json", str(out)]
+    assert bench.cmd_bench(commands.build_parser().parse_args(argv)) == 0
+    matrix = [a for a in timed if "matrix" in a]
+    assert len(matrix) == 1 and matrix[0][-2:] == ["--shard", "2/2"]
+    assert json.loads(out.read_text())["shard"] == "2/2"
+
+
+@pytest.mark.parametrize("how", [["--checks"], ["--usual"], ["--per-bug"]])
+def test_a_bench_shard_goes_with_the_default_figures_only(how) -> None:
+    done = repro("bench", "--device", "cpu", *how, "--shard", "1/2")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--shard" in done.stderr
