@@ -136,5 +136,8 @@ def ranks_hang(ctx: Context) -> str:
 
 def says_its_pid(ctx: Context) -> str:
     """Any number of ranks: each says which process ran it (the warm server's ranks made
-    ahead)."""
+    ahead), after a barrier (no rank leaves before every rank has joined)."""
+    import torch.distributed as dist
+
+    dist.barrier()
     return f"pid {os.getpid()}"
