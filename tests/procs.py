@@ -53,14 +53,6 @@ def parent_of(pid: int) -> int:
         return -1
 
 
-def state_of(pid: int) -> str:
-    """The process's state letter (Z: exited, descriptors closed, not reaped); "" if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return ""
-
-
 def wait_until(condition, timeout_s: float = 60.0, step_s: float = 0.02):
     """`condition()`'s first truthy value, polling; None after `timeout_s` (a hang guard)."""
     deadline = time.monotonic() + timeout_s

@@ -169,8 +169,6 @@ def test_a_warm_cuda_server_keeps_ranks_made_ahead_for_the_next_like_scenario(
         assert ahead, "the spares for ranks were not topped up"
         for ranks in ahead.values():  # one rank of each gone before the request
             os.kill(min(ranks), signal.SIGKILL)
-        gone = [min(ranks) for ranks in ahead.values()]
-        assert procs.wait_until(lambda: all(procs.state_of(p) in ("Z", "") for p in gone))
         third, ranks = run(3, 2)
         assert third in ahead and len(ranks) == 2
         assert ranks & ahead[third] == {max(ahead[third])}, "the gone rank was not forked afresh"
