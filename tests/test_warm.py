@@ -143,7 +143,7 @@ def test_a_warm_cuda_server_keeps_ranks_made_ahead_for_the_next_like_scenario(
         request = {**job.request(tmp_path / f"job-{rid}"), "env": env, "gpu": None}
         request["spec"]["ranks"] = ranks
         pid, report = _send_and_wait(client, rid, request)
-        assert report["status"] == "pass", report.get("detail", report)
+        assert report["status"] == "pass", report
         return pid, {int(p) for p in re.findall(r"pid (\d+)", report["detail"])}
 
     def rank_spares() -> dict[int, set[int]] | None:
