@@ -19,16 +19,10 @@ a check, and of its confirming run, finds a CUDA context made; a matrix finds it
 ahead of it): forked in the environment of the newest request (at start, the server's own), a
 spare creates its CUDA context and waits; a request
 with that same environment and GPU takes it (its clock starts then), any other request gets a
-fresh fork. The context is made before any project module is imported and nothing is
+fresh fork, as does a scenario of ranks: its coordinator forks each rank, which a CUDA context
+would forbid (harness.ranks would spawn them: an interpreter that imports torch per rank, seconds
+on a GPU machine). The context is made before any project module is imported and nothing is
 allocated, so a spare runs a scenario as a fresh child would.
-A scenario of N ranks cannot run in such a spare: its coordinator forks each rank, which a CUDA
-context would forbid (harness.ranks would spawn them: an interpreter that imports torch per
-rank, seconds on a GPU machine). After the first request of N ranks, the server keeps
-RANK_SPARES spares for N ranks on that GPU and in that environment too: each makes no context
-itself but forks its N ranks at once, and each rank makes its context (on the GPU harness.ranks
-will give it) and waits (`_rank_ahead`). A request of N ranks takes one; its coordinator finds
-them in ENV_RANKS_AHEAD and hands each rank its request instead of forking it (harness.ranks).
-Each rank made ahead costs its context's memory on the GPU while it waits.
 
 Protocol: JSON lines over each connection; stdout and stderr are only a log, so a library that
 prints cannot break it.
@@ -74,9 +68,6 @@ PROTOCOL = 5  # bumped with any change of the messages or of what a server check
 # replaces an older warm server
 LOCK_WAIT_S = 10.0  # a second warm server for one socket waits this long for the lock, then exits
 SPARES = 8  # spare children per GPU of a warm cuda server (a check's scenarios at once)
-RANK_SPARES = 2  # spares per GPU and number of ranks (a run of ranks and its confirming twin)
-MAX_RANKS_AHEAD = 8  # more ranks than this: a fresh fork, no spares
-ENV_RANKS_AHEAD = "REPRO_RANKS_AHEAD"  # in a spare for ranks: "1;PID:FD,..." (harness.ranks)
 MAX_LINE = 1 << 20  # a request longer than this is no request
 SEND_S = 5.0  # a peer that does not take a message within this long is dropped
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -193,66 +184,21 @@ def _child(message: dict, server_pid: int) -> None:
         os._exit(70)  # only reached if the child's own code broke
 
 
-def _spare_main(request: dict, server_pid: int, fd: int, ranks: int) -> None:
-    """A spare child: detach as `request` would, create the CUDA context (for a scenario of
-    ranks: fork the ranks, each creating its own), then run the message the server writes to
-    `fd` (EOF: not needed after all); never returns."""
+def _spare_main(request: dict, server_pid: int, fd: int) -> None:
+    """A spare child: detach as `request` would, create the CUDA context, then run the message
+    the server writes to `fd` (EOF: not needed after all); never returns."""
     line = b""
     try:
         _detach(request, server_pid, keep=(fd,))  # closes the server's end of the pipe
-        if ranks > 1:
-            _ranks_ahead(ranks)
-        else:
-            with contextlib.suppress(Exception):  # a child that cannot init CUDA says so itself
-                import torch
+        with contextlib.suppress(Exception):  # a child that cannot init CUDA says so itself
+            import torch
 
-                torch.cuda.init()
-                torch.cuda.synchronize()  # the primary context; the caching allocator untouched
+            torch.cuda.init()
+            torch.cuda.synchronize()  # the primary context; the caching allocator untouched
         with os.fdopen(fd, "rb") as pipe:
             line = pipe.readline()
         if line.endswith(b"\n"):
             _run(json.loads(line), time.monotonic())
-    finally:
-        os._exit(70 if line.endswith(b"\n") else 0)
-
-
-def _ranks_ahead(n: int) -> None:
-    """In a spare for a scenario of `n` ranks (a coordinator, no CUDA context): fork them now;
-    the coordinator finds each one's pid and the pipe that takes its request in ENV_RANKS_AHEAD."""
-    coordinator, ahead = os.getpid(), []
-    for rank in range(n):
-        read, write = os.pipe()
-        pid = _fork(_rank_ahead, rank, coordinator, read)
-        os.close(read)
-        ahead.append(f"{pid}:{write}")
-    os.environ[ENV_RANKS_AHEAD] = "1;" + ",".join(ahead)
-
-
-def _rank_ahead(rank: int, coordinator: int, fd: int) -> None:
-    """A rank made ahead: create the CUDA context on the GPU harness.ranks will give rank
-    `rank` (r mod the GPUs: its own where there are enough), wait for the coordinator's message
-    on `fd` ({"root", "request", "log", "env"}; EOF: not needed), then become that rank, the
-    project imported from the message's root; never returns."""
-    line = b""
-    try:
-        lifetime.die_with_parent(coordinator)
-        lifetime.close_inherited_fds((0, 1, 2, fd))
-        with contextlib.suppress(Exception):  # the rank says so itself when it runs
-            import torch
-
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-            torch.cuda.synchronize()
-        with os.fdopen(fd, "rb") as pipe:
-            line = pipe.readline()
-        if line.endswith(b"\n"):
-            message = json.loads(line)
-            _fresh_project(message["root"])
-            from harness.child import spawned_rank
-            from harness.ranks import become_rank
-
-            become_rank(message, spawned_rank)
-    except BaseException:
-        traceback.print_exc()
     finally:
         os._exit(70 if line.endswith(b"\n") else 0)
 
@@ -269,14 +215,13 @@ def _fork(run, *args) -> int:
 
 
 class _Spare:
-    """A spare child waiting for its request on a pipe (a warm cuda server's, per GPU and
-    number of ranks)."""
+    """A spare child waiting for its request on a pipe (a warm cuda server's, per GPU)."""
 
     def __init__(self, request: dict, server_pid: int) -> None:
-        self.key = _pool(request)  # its GPU and number of ranks
+        self.gpu = request.get("gpu")
         self.env = request.get("env")  # it serves only requests with this environment
         read, self.fd = os.pipe()
-        self.pid = _fork(_spare_main, request, server_pid, read, self.key[1])
+        self.pid = _fork(_spare_main, request, server_pid, read)
         os.close(read)
         self.pidfd = os.pidfd_open(self.pid)
 
@@ -299,16 +244,6 @@ class _Spare:
         lifetime.kill_group(self.pid)
         os.waitpid(self.pid, 0)
         os.close(self.pidfd)
-
-
-def _pool(request: dict) -> tuple[str | None, int] | None:
-    """The pool of spares that can run `request`: its GPU and its number of ranks (None: none
-    can, a number of ranks past MAX_RANKS_AHEAD or not a number)."""
-    spec = request.get("spec")
-    ranks = spec.get("ranks", 1) if isinstance(spec, dict) else 1
-    if type(ranks) is not int or not 1 <= ranks <= MAX_RANKS_AHEAD:
-        return None
-    return request.get("gpu"), ranks
 
 
 def _message(line: bytes) -> dict | None:
@@ -357,9 +292,8 @@ class _Server:
         self.sources = own_sources()
         self.selector = selectors.DefaultSelector()
         self.connections: set[_Connection] = set()
-        # by GPU and number of ranks (_pool): the spares, and the request they are made like
-        self.spares: dict[tuple[str | None, int], list[_Spare]] | None = {} if spares else None
-        self.spare_for: dict[tuple[str | None, int], dict] = {}
+        self.spares: dict[str | None, list[_Spare]] | None = {} if spares else None  # by GPU
+        self.spare_for: dict[str | None, dict] = {}  # by GPU: the request spares are made like
         self.last_active, self.stopping = time.monotonic(), False
         if listener is not None:
             self.selector.register(listener, selectors.EVENT_READ, "listener")
@@ -492,8 +426,9 @@ class _Server:
         """(pid, pidfd) of the spare that now runs `message`, the oldest (its context the likeliest
         made); (None, None) when none fits."""
         request = message["request"]
-        key = _pool(request)
-        pool = (self.spares or {}).get(key, []) if key else []
+        if request["spec"].get("ranks", 1) > 1:  # its ranks are forks of it (harness.ranks):
+            return None, None  # a spare's context would make each an interpreter of its own
+        pool = (self.spares or {}).get(request.get("gpu"), [])
         while pool:
             spare = pool.pop(0)
             self.selector.unregister(spare.pidfd)
@@ -503,27 +438,25 @@ class _Server:
         return None, None
 
     def _make_spare(self, request: dict) -> None:
-        """Spares from now on are made like `request` on its GPU, for its number of ranks (the
-        newest environment wins)."""
-        key = _pool(request)
-        if self.spares is not None and key is not None:
-            self.spare_for[key] = request
+        """Spares from now on are made like `request` on its GPU (the newest environment wins)."""
+        if self.spares is not None:
+            self.spare_for[request.get("gpu")] = request
             self._top_up()
 
     def _top_up(self) -> None:
-        """Each pool up to SPARES (RANK_SPARES for ranks)."""
-        for key, request in self.spare_for.items():
-            pool = self.spares.setdefault(key, [])
+        """Each GPU's pool up to SPARES."""
+        for gpu, request in self.spare_for.items():
+            pool = self.spares.setdefault(gpu, [])
             for spare in [s for s in pool if not s.fits(request)]:
                 self._discard_spare(spare)
-            while len(pool) < (SPARES if key[1] == 1 else RANK_SPARES):
+            while len(pool) < SPARES:
                 spare = _Spare(request, self.pid)
                 pool.append(spare)
                 self.selector.register(spare.pidfd, selectors.EVENT_READ, spare)
 
     def _discard_spare(self, spare: _Spare) -> None:
         self.selector.unregister(spare.pidfd)
-        self.spares[spare.key].remove(spare)
+        self.spares[spare.gpu].remove(spare)
         spare.discard()
 
     def _reaped(self, conn: _Connection, pidfd: int) -> None:

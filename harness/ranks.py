@@ -5,10 +5,7 @@ coordinator of its ranks (`coordinate`). Where it is a warm child (torch importe
 CUDA context, which is what the fork server makes, each rank is a fork of it (`_may_fork`:
 a context does not survive a fork, and none exists yet: each rank makes its own); else (a
 spawned child, a sanitizer run) a fresh interpreter that imports the project from the
-request's tree. A warm cuda server's spare for ranks has forked them already, each with its
-CUDA context made (harness.forkserver `_rank_ahead`, listed in ENV_RANKS_AHEAD): the
-coordinator hands each its request (`_Ahead`) and forks only a rank whose process is gone.
-Each rank joins the process group (`join`) and runs the scenario function with
+request's tree. Each rank joins the process group (`join`) and runs the scenario function with
 its rank in the Context, then writes its own report (harness.child.main). The ranks stay in the
 coordinator's process group (the run's, which the isolator kills as a whole on timeout, Ctrl-C
 and a dead server) and each dies with the coordinator (parent-death signal); the coordinator
@@ -62,7 +59,6 @@ RANK_BOOT = (
 )
 RankMain = Callable[[str], None]  # a rank's entry point, given its request as JSON
 SOCKET_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-ENV_RANKS_AHEAD = "REPRO_RANKS_AHEAD"  # "1;PID:FD,...": ranks a spare forked (harness.forkserver)
 POLL_S = 0.02  # how often the coordinator reads the ranks' traces and exits
 # the backends' words for a peer that went away (gloo's TCP pair, NCCL's abort)
 PEER_LOST = re.compile(r"Connection (reset|closed) by peer|remote process exited|aborted", re.I)
@@ -246,71 +242,23 @@ def _may_fork(spec: dict) -> bool:
     return spec["device"] == "cpu" or not torch.cuda.is_initialized()
 
 
-def become_rank(message: dict, rank_main: RankMain) -> None:
-    """In a rank's process (a fork of the coordinator, or a rank made ahead): its output to
-    `message`'s log, its environment, the coordinator's handlers undone, then main (which never
-    returns)."""
-    fd = os.open(message["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.environ.update(message["env"])
-    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
-    rank_main(json.dumps(message["request"]))
-
-
-def _fork(message: dict, rank_main: RankMain) -> _Forked:
+def _fork(rank_request: dict, log: Path, env: dict[str, str], rank_main: RankMain) -> _Forked:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid:
         return _Forked(pid)
-    try:
-        become_rank(message, rank_main)
+    try:  # the rank: its output to its log, the coordinator's handlers undone, then main
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.environ.update(env)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        rank_main(json.dumps(rank_request))
     finally:
         os._exit(70)  # main never returns; an exception before it: the rank failed
-
-
-class _Ahead:
-    """The ranks a warm server's spare forked for this coordinator (ENV_RANKS_AHEAD, taken from
-    the environment: no later process inherits it), each waiting for its request on a pipe."""
-
-    def __init__(self, n: int, usable: bool) -> None:
-        version, _, listed = os.environ.pop(ENV_RANKS_AHEAD, "").partition(";")
-        try:
-            self.ranks = [tuple(map(int, item.split(":"))) for item in listed.split(",") if item]
-        except ValueError:  # not the server's list: none used
-            self.ranks = []
-        if version != "1" or len(self.ranks) != n or not usable:
-            self.release()
-
-    def start(self, rank: int, message: dict) -> _Forked | None:
-        """Rank `rank`'s process, handed `message`; None: there is none (then fork it)."""
-        if rank >= len(self.ranks):
-            return None
-        pid, fd = self.ranks[rank]
-        try:
-            with os.fdopen(fd, "wb") as pipe:
-                pipe.write((json.dumps({"root": str(ROOT), **message}) + "\n").encode())
-        except OSError:  # it died waiting (EPIPE): reaped, and forked afresh
-            self._end(pid)
-            return None
-        return _Forked(pid)
-
-    def release(self) -> None:
-        """Not used after all: each exits (EOF), reaped."""
-        for pid, fd in self.ranks:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            self._end(pid)
-        self.ranks = []
-
-    @staticmethod
-    def _end(pid: int) -> None:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
 
 
 @dataclass(eq=False, slots=True)
@@ -324,13 +272,7 @@ class _Rank:
 
 
 def _spawn(
-    request: dict,
-    spec: dict,
-    rank: int,
-    n: int,
-    directory: Path,
-    rank_main: RankMain,
-    ahead: _Ahead,
+    request: dict, spec: dict, rank: int, n: int, directory: Path, rank_main: RankMain
 ) -> _Rank:
     paths = {
         "log": directory / f"rank-{rank}.log",
@@ -354,8 +296,7 @@ def _spawn(
     }
     loopback = {name: os.environ.get(name, "lo") for name in SOCKET_ENV}  # loopback only
     if _may_fork(spec):
-        message = {"request": rank_request, "log": str(paths["log"]), "env": loopback}
-        proc = ahead.start(rank, message) or _fork(message, rank_main)
+        proc = _fork(rank_request, paths["log"], loopback, rank_main)
         return _Rank(rank, proc, paths["log"], paths["report"], paths["trace"])
     env = {**os.environ, **loopback}
     coordinator = os.getpid()
@@ -398,11 +339,10 @@ class _Coordinator:
         self.directory.mkdir(parents=True, exist_ok=True)
         faulthandler.unregister(signal.SIGUSR1)
         signal.signal(signal.SIGUSR1, self._dump_stacks)
-        ahead = _Ahead(self.n, _may_fork(self.spec))
         try:
             for rank in range(self.n):
                 args = (self.request, self.spec, rank, self.n, self.directory, self.rank_main)
-                self.ranks.append(_spawn(*args, ahead))
+                self.ranks.append(_spawn(*args))
             return self._watch()
         finally:
             self._kill_all()

@@ -132,9 +132,3 @@ def ranks_hang(ctx: Context) -> str:
     """Every rank hangs in Python (no collective): the run's limit ends it."""
     while True:
         time.sleep(0.05)
-
-
-def says_its_pid(ctx: Context) -> str:
-    """Any number of ranks: each says which process ran it (the warm server's ranks made
-    ahead)."""
-    return f"pid {os.getpid()}"

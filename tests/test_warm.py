@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-import re
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -108,75 +105,6 @@ def _children(pid: int) -> set[int]:
     """The live children of `pid` (a warm server's spares, when none of its runs is left)."""
     found = {int(p.name) for p in procs.Path("/proc").iterdir() if p.name.isdigit()}
     return {child for child in found if procs.parent_of(child) == pid}
-
-
-def _send_and_wait(client, rid: int, request: dict) -> tuple[int, dict]:
-    """(pid, report) of one request to a warm server, which must end with exit 0."""
-    assert client.send({"id": rid, "root": str(procs.ROOT), "request": request})
-    pid, returncode = None, None
-    while returncode is None:
-        for message in client.receive() or pytest.fail("the server went away"):
-            pid = message.get("pid", pid)
-            returncode = message.get("returncode", returncode)
-    assert returncode == 0
-    report = isolate._read_report(Path(request["report"]))
-    return pid, report
-
-
-def test_a_warm_cuda_server_keeps_ranks_made_ahead_for_the_next_like_scenario(
-    server_dir, tmp_path
-) -> None:
-    """After a scenario of 2 ranks, a warm cuda server keeps RANK_SPARES spares for 2 ranks in
-    its environment: each forks its 2 ranks at once (each makes its CUDA context: here, without
-    a GPU, it cannot, and says so only when it runs). The next like request runs in one of them
-    with those ranks; a rank made ahead that is gone by then is forked afresh; a scenario of 3
-    ranks gets a fresh fork. The runs are CPU scenarios of ranks (gloo), so that they run here."""
-    with UserDirectory.open() as directory:
-        servers.start_warm("cuda", 120.0, directory)
-    client = procs.wait_until(lambda: connect("cuda"), 120.0, 0.2)
-    assert client is not None, "the warm cuda server did not start"
-    job = Job("test", "says_its_pid", "tests.children:says_its_pid", ALL_FIXES, "cpu", 60)
-    env = servers.child_env()
-
-    def run(rid: int, ranks: int) -> tuple[int, set[int]]:
-        (tmp_path / f"job-{rid}").mkdir()
-        request = {**job.request(tmp_path / f"job-{rid}"), "env": env, "gpu": None}
-        request["spec"]["ranks"] = ranks
-        pid, report = _send_and_wait(client, rid, request)
-        assert report["status"] == "pass", report
-        return pid, {int(p) for p in re.findall(r"pid (\d+)", report["detail"])}
-
-    def rank_spares() -> dict[int, set[int]] | None:
-        """{spare: its ranks} once the server keeps its pools full: SPARES plain spares and
-        RANK_SPARES spares of 2 ranks each."""
-        found = {pid: _children(pid) for pid in _children(client.pid)}
-        ahead = {pid: ranks for pid, ranks in found.items() if ranks}
-        full = len(found) == forkserver.SPARES + forkserver.RANK_SPARES
-        pairs = all(len(r) == 2 for r in ahead.values())
-        if full and len(ahead) == forkserver.RANK_SPARES and pairs:
-            return ahead
-        return None
-
-    try:
-        first, _ = run(1, 2)  # no spare for 2 ranks yet: a fresh fork
-        ahead = procs.wait_until(rank_spares, 60.0)
-        assert ahead, f"no spares of ranks after a scenario of ranks: {_children(client.pid)}"
-        assert first not in ahead
-        second, ranks = run(2, 2)
-        assert second in ahead, "a like scenario of ranks did not run in a spare for ranks"
-        assert ranks == ahead[second], "its ranks were not the ones made ahead"
-        ahead = procs.wait_until(lambda: (found := rank_spares()) and second not in found and found)
-        assert ahead, "the spares for ranks were not topped up"
-        for ranks in ahead.values():  # one rank of each gone before the request
-            os.kill(min(ranks), signal.SIGKILL)
-        third, ranks = run(3, 2)
-        assert third in ahead and len(ranks) == 2
-        assert ranks & ahead[third] == {max(ahead[third])}, "the gone rank was not forked afresh"
-        fourth, ranks = run(4, 3)
-        assert fourth not in ahead and len(ranks) == 3
-    finally:
-        client.send({"stop": True})
-        client.sock.close()
 
 
 def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tmp_path) -> None:
