@@ -12,7 +12,8 @@ keeps each source file's code under the user's cache (`$REPRO_CACHE_DIR`, else
 ~/.cache/repro: bytecode/<interpreter>-<optimization>/), never in the tree:
 - keyed by a hash of the file's bytes, not its timestamp: an edit is never served stale (one
   within the same second that keeps the size included), and a tree that holds the same file
-  (a bisect's or a mutant's copy) shares its entry;
+  (a bisect's checkout, `repro checkout`'s trees) shares its entry; a mutant's copy has a cache
+  of its own (repro.mutants sets REPRO_CACHE_DIR);
 - the code's file names are set to the file imported, so tracebacks (and harness.child's
   `origin`, which reads them) name that tree's file;
 - written atomically; an entry that cannot be read or written is compiled as Python would.
@@ -36,6 +37,7 @@ ENV_SWITCH = "REPRO_BYTECODE_CACHE"  # "0": off
 
 
 def directory() -> Path:
+    # the root is kernels.csrc.cache_dir's (not imported here: it would be compiled uncached)
     root = Path(os.environ.get("REPRO_CACHE_DIR", Path.home() / ".cache" / "repro"))
     return root / "bytecode" / f"{sys.implementation.cache_tag}-O{sys.flags.optimize}"
 
@@ -43,7 +45,9 @@ def directory() -> Path:
 class _Loader(importlib.machinery.SourceFileLoader):
     """A project source file's loader that reads its code from the cache when it is there."""
 
-    where: Path
+    def __init__(self, fullname: str, path: str, where: Path) -> None:
+        super().__init__(fullname, path)
+        self.where = where
 
     def get_code(self, fullname: str):
         path = self.get_filename(fullname)
@@ -81,9 +85,7 @@ class _Finder:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader:
-            loader = _Loader(spec.loader.name, spec.loader.path)
-            loader.where = self.where
-            spec.loader = loader
+            spec.loader = _Loader(spec.loader.name, spec.loader.path, self.where)
         return spec
 
     def invalidate_caches(self) -> None:

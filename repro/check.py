@@ -372,8 +372,9 @@ def _schedule(p: Plan, keep_order: bool = False) -> tuple[list[Job], list[Job]]:
         return [*rest, *twins], twins
     # twins of the rest on CPUs still idle: the lead's two runs counted as two jobs
     idle = [job for job in _twins((lead, lead, *rest), p.device) if job != lead]
-    twins = [lead, *idle]  # the lead's at the normal priority: the confirmation expected
-    return [lead, twins[0], *rest, *idle], twins
+    # the lead's twin (its second run, the same job) at the normal priority: its confirmation
+    # is expected
+    return [lead, lead, *rest, *idle], [lead, *idle]
 
 
 TWIN_NICE = 10  # a twin's niceness (os.nice): it yields to the first runs and to other work

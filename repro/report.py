@@ -207,11 +207,8 @@ def load_bench(paths: str) -> dict[str, float]:
         if not isinstance(doc, dict) or doc.get("schema") != BENCH_SCHEMA:
             raise UsageError(f"{path}: not a {BENCH_SCHEMA} document")
         part = doc.get("shard")  # a part's matrix is compared with the same part's only
-        figures.update(
-            {f"{k}[{part}]" if part and k in SHARDED else k: v for k, v in doc["figures"].items()}
-            if isinstance(doc.get("figures"), dict)
-            else {}
-        )
+        for name, value in doc.get("figures", {}).items():
+            figures[f"{name}[{part}]" if part and name in SHARDED else name] = value
         for bug, row in doc.get("bugs", {}).items():
             figures.update({f"{bug}.{name}": v for name, v in row.items()})
     return {k: v for k, v in figures.items() if isinstance(v, (int, float))}
