@@ -169,19 +169,25 @@ def main(request: dict, started: float) -> None:
     spec = request["spec"]
     devices.activate(spec["device"])
     timings: dict[str, float] = {}
-    if spec.get("ranks", 1) > 1:  # this child coordinates the scenario's rank processes
+    coordinator = spec.get("ranks", 1) > 1  # this child coordinates the scenario's ranks
+    if coordinator:
         report = ranks.coordinate(request, started, timings, spawned_rank)
     else:
         report = run(spec, started, timings)
     if "startup_s" in timings:
         timings["scenario_s"] = time.monotonic() - started - timings["startup_s"]
     report["timings"] = timings
+    sys.stdout.flush()  # the log is whole before the report exists: a parent may read both
+    sys.stderr.flush()  # as soon as the report is there
     path = request["report"]
     with open(path + ".tmp", "w") as f:
         json.dump(report, f)
     os.replace(path + ".tmp", path)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    # The report is the run's last word: nothing after it changes the verdict (a parent decides
+    # on it without waiting for this exit, where the driver tears a CUDA context down: 0.1 s,
+    # most of a second after a fault). A coordinator waits for its ranks' exits, bounded.
+    if coordinator:
+        ranks.reap()
     # NOTE: skip interpreter teardown: after a CUDA fault, context destruction can hang.
     os._exit(0)
 

@@ -67,6 +67,8 @@ FORK_ANSWER_S = 30.0  # a ready server answers a request with the child's pid
 DUMP_BEFORE_KILL_S = 1.0  # at its limit a child dumps its stacks (SIGUSR1), then is killed
 REAP_AFTER_KILL_S = 30.0  # a killed child stuck in the driver: give up on its exit status
 REPORT_AFTER_EXIT_S = 10.0  # a fork server reports a child's exit; one that does not is hung
+REPORT_POLL_S = 0.02  # how often a forked child's report is looked for (decided before its exit)
+LEAVE_S = 10.0  # a child decided by its report that has not exited by then is killed
 SANITIZER_SLOWDOWN = 10.0  # compute-sanitizer instruments every kernel: scale time limits
 SANITIZER_TOOLS = ("memcheck", "initcheck", "racecheck", "synccheck")
 CHILD_BOOT = BOOT + "from harness.child import spawned; spawned(sys.argv[2])"
@@ -174,6 +176,8 @@ class _Run:
     gpu: str | None = None  # the GPU the child runs on (when the caller sees several)
     rid: int | None = None  # its request id on its server (forked)
     exited: bool = False  # forked: the child is gone, its server has yet to report it
+    decided: bool = False  # forked: its report read, its result recorded; it is leaving (the
+    # driver tearing its CUDA context down) and holds its place until its exit is seen
     timed_out: bool = False  # past its limit: asked for its stacks, then killed
     killed: bool = False
     cut: str = ""  # stopped unfinished (run_all's `until` or `drop` said why): `skipped`
@@ -312,7 +316,7 @@ class _Batch:
     drop: Callable[[], dict[Job, str]] | None = None
 
     def run(self) -> list[Result]:
-        while self.pending or self.running:
+        while self.pending or any(not run.decided for run in self.running):
             if self.stop_on_failure and any(r.outcome.is_failure for r in self.results.values()):
                 self._skip_pending("not run: an earlier scenario failed (--fail-fast)")
             why = self.until() if self.until else ""
@@ -330,6 +334,8 @@ class _Batch:
             if self.running:
                 self._wait()
                 self._enforce_deadlines()
+        for run in list(self.running):  # still leaving: their server, or their own limit, ends
+            self._release(run)  # them
         return [self.results[i] for i in range(len(self.jobs))]
 
     def _skip_pending(self, why: str, job: Job | None = None) -> None:
@@ -342,7 +348,7 @@ class _Batch:
     def _cut(self, run: _Run, why: str) -> None:
         """Stop a run in flight, unfinished (its result: skipped); a fork not yet answered by
         its server is killed once its pid comes."""
-        if run.cut:
+        if run.cut or run.decided:
             return
         run.cut = f"not finished: {why}"
         if run.pid is not None:
@@ -448,6 +454,8 @@ class _Batch:
         if not self.running:
             return
         timeout = max(0.0, min(r.deadline for r in self.running) - time.monotonic())
+        if any(self._may_decide(run) for run in self.running):
+            timeout = min(timeout, REPORT_POLL_S)
         for key, _ in self.iso.selector.select(timeout):
             if isinstance(key.data, Server):
                 if self.iso.servers.get(key.data.device) is key.data:  # not dropped meanwhile
@@ -458,6 +466,22 @@ class _Batch:
                 self._finish(key.data, key.data.proc.wait())
             else:  # a forked child exited: its server reports it soon
                 self._exited(key.data)
+        for run in [r for r in self.running if self._may_decide(r)]:
+            if run in self.running and (run.directory / "report.json").exists():
+                run.decided = True
+                self._finish(run, 0)
+
+    @staticmethod
+    def _may_decide(run: _Run) -> bool:
+        """A forked child is decided by its report, written last before it leaves through
+        os._exit(0) (harness.child.main): its exit (the driver's teardown of its CUDA context,
+        0.1 s, most of a second after a fault) is not waited for. Not a spawned child: a tool
+        wrapping it (compute-sanitizer) reports at its exit."""
+        return (
+            run.server is not None
+            and run.pid is not None
+            and not (run.decided or run.exited or run.timed_out or run.killed or run.cut)
+        )
 
     def _on_server(self, server: Server) -> None:
         messages = server.receive()
@@ -491,6 +515,9 @@ class _Batch:
         self.iso.selector.register(run.pidfd, selectors.EVENT_READ, run)
 
     def _exited(self, run: _Run) -> None:
+        if run.decided:  # it has left
+            self._release(run)
+            return
         self._unwatch(run)
         run.exited, run.deadline = True, time.monotonic() + REPORT_AFTER_EXIT_S
 
@@ -505,7 +532,12 @@ class _Batch:
         for run in [r for r in self.running if r.deadline <= now]:
             if run not in self.running:  # its server died earlier in this round
                 continue
-            if run.pid is None:
+            if run.decided:  # decided, but not leaving: killed, then given up on
+                if run.killed:
+                    self._release(run)
+                else:
+                    self._kill(run)
+            elif run.pid is None:
                 self._server_died(run.server, f"did not answer within {FORK_ANSWER_S:.0f}s")
             elif run.exited:
                 why = f"did not report its child's exit within {REPORT_AFTER_EXIT_S:.0f}s"
@@ -580,13 +612,13 @@ class _Batch:
 
     def _record(self, run: _Run, result: Result) -> None:
         if run.gpu is not None:
-            self.gpu_load[run.gpu] -= 1
             result = dataclasses.replace(result, gpu=run.gpu)
-        self._unwatch(run)
         if run.server is not None:  # never run again if its server dies later
             run.server.runs.pop(run.rid, None)
-        self.running.discard(run)
-        shutil.rmtree(run.directory, ignore_errors=True)
+        if run.decided and run.pidfd is not None:  # leaving: its place is kept until its exit
+            run.deadline = time.monotonic() + LEAVE_S
+        else:
+            self._release(run)
         result = dataclasses.replace(result, seconds=time.monotonic() - run.started)
         self.results[run.index] = result
         if self.on_result:
@@ -595,6 +627,14 @@ class _Batch:
         if follow is not None:
             self.jobs.append(follow)
             self.pending.appendleft(len(self.jobs) - 1)
+
+    def _release(self, run: _Run) -> None:
+        """The run's place, watch and files, given back."""
+        if run.gpu is not None:
+            self.gpu_load[run.gpu] -= 1
+        self._unwatch(run)
+        self.running.discard(run)
+        shutil.rmtree(run.directory, ignore_errors=True)
 
 
 def _unwritable(directory: Path) -> str | None:

@@ -26,10 +26,13 @@ group will never issue (that rank finished the step, moved past it, or exited), 
 backend's timeout. A rank that fails otherwise (a fault, an exception, a wrong result) names
 the run's outcome ("rank 1: illegal_address: ..."), the first to fail deciding, at once (a
 peer still spinning on a flag of the dead rank is not waited for); only a rank whose collective
-lost its peer, an effect, waits up to CAUSE_WAIT_S for its cause to exit. A real hang is
-bounded by the run's limit (the parent asks for stacks: the coordinator forwards SIGUSR1 to
-its ranks and prints each one's stack under "=== rank R stacks ===") and by the process
-group's timeout, set past the run's limit.
+lost its peer, an effect, waits up to CAUSE_WAIT_S for its cause to exit. A rank is done when its
+report is written (its last act before it leaves: harness.child.main), not when its exit is seen:
+the driver's teardown of its CUDA context takes 0.1 s, most of a second after a fault. The
+coordinator writes its own report first, then waits for its ranks' exits (`reap`, bounded).
+A real hang is bounded by the run's limit (the parent asks for stacks: the coordinator
+forwards SIGUSR1 to its ranks and prints each one's stack under "=== rank R stacks ===") and
+by the process group's timeout, set past the run's limit.
 
 Standard library only at import: the coordinator never needs torch itself.
 """
@@ -66,7 +69,7 @@ CAUSE_WAIT_S = 2.0  # after a rank's collective lost its peer: the others' time 
 # cause is seen); a rank that failed otherwise is the cause, decided at once
 PG_TIMEOUT_GRACE_S = 30.0  # the process group's timeout is past the run's own limit
 DUMP_WAIT_S = 0.3  # after forwarding SIGUSR1, time for the ranks to write their stacks
-REAP_S = 10.0  # a killed rank stuck in the driver: give up on its exit status
+REAP_S = 10.0  # a rank stuck in the driver (leaving or killed): give up on its exit status
 
 
 # -- traces -------------------------------------------------------------------------------------
@@ -268,7 +271,8 @@ class _Rank:
     log: Path
     report: Path
     trace: Path
-    returncode: int | None = None
+    returncode: int | None = None  # 0 once its report is written: it leaves through os._exit(0)
+    leaving: bool = False  # its report written, its exit not seen yet
 
 
 def _spawn(
@@ -344,7 +348,7 @@ class _Coordinator:
                 args = (self.request, self.spec, rank, self.n, self.directory, self.rank_main)
                 self.ranks.append(_spawn(*args))
             return self._watch()
-        finally:
+        finally:  # the ranks still running are killed, not waited for (`reap`, after the report)
             self._kill_all()
             self._print_logs()
 
@@ -372,9 +376,15 @@ class _Coordinator:
 
     def _reap(self) -> None:
         for r in self.ranks:
-            if r.returncode is None and r.proc.poll() is not None:
+            if r.returncode is not None:
+                continue
+            if r.proc.poll() is not None:
                 r.returncode = r.proc.returncode
-                self.order.append(r.rank)
+            elif r.report.exists():  # written last, atomically: the rank is done, and leaving
+                r.returncode, r.leaving = 0, True
+            else:
+                continue
+            self.order.append(r.rank)
 
     def _cause_first(self, rank: _Rank) -> tuple[bool, int]:
         """A failed rank's place in the choice of the run's outcome: a rank whose collective
@@ -405,6 +415,9 @@ class _Coordinator:
         for r in self.ranks:
             if r.returncode is None:
                 state = "running (killed by the coordinator)"
+            elif r.leaving:
+                status = (_read_json(r.report) or {}).get("status", "no report")
+                state = f"done ({status})"
             elif r.returncode < 0:
                 state = f"killed by {signal.Signals(-r.returncode).name}"
             else:
@@ -440,12 +453,9 @@ class _Coordinator:
 
     def _kill_all(self) -> None:
         for r in self.ranks:
-            if r.proc.poll() is None:
+            if r.returncode is None and r.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     r.proc.kill()
-        for r in self.ranks:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                r.proc.wait(timeout=REAP_S)
 
     def _print_logs(self) -> None:
         """Each rank's log, kept in the run's output."""
@@ -470,6 +480,21 @@ class _Coordinator:
                 print(f"=== rank {r.rank} stacks ===\n{dumped.rstrip()}", file=sys.stderr)
         print("=== coordinator stack ===", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(all_threads=True)
+
+
+def reap(timeout_s: float = REAP_S) -> None:
+    """In the coordinator, after its report: wait for every rank's exit (each leaving or
+    killed), at most `timeout_s`; one still stuck in the driver dies with the coordinator."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # none left
+            return
+        if pid == 0:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(POLL_S)
 
 
 def coordinate(

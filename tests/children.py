@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import time
 
@@ -132,3 +133,19 @@ def ranks_hang(ctx: Context) -> str:
     """Every rank hangs in Python (no collective): the run's limit ends it."""
     while True:
         time.sleep(0.05)
+
+
+def reports_then_lingers(ctx: Context) -> str:
+    """A child (or each rank) whose report is written and whose exit is slow: the state of one
+    whose CUDA context the driver is tearing down. It writes its own pass report where
+    harness.child would (next to its log: the run's report.json, a rank's rank-R.json), with
+    its pid, then stays a minute. Whoever decides by the report goes on without it."""
+    log = os.readlink("/proc/self/fd/1")
+    path = os.path.join(os.path.dirname(log), "report.json")
+    if ctx.world_size > 1:
+        path = log.removesuffix(".log") + ".json"
+    with open(path + ".tmp", "w") as f:
+        json.dump({"status": "pass", "detail": f"pid {os.getpid()}"}, f)
+    os.replace(path + ".tmp", path)
+    time.sleep(60)
+    return "unreachable"

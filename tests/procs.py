@@ -39,6 +39,14 @@ def _zombie(entry: Path) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
+def alive(pid: int) -> bool:
+    """The process is there and not a zombie."""
+    try:
+        return not _zombie(Path(f"/proc/{pid}"))
+    except OSError:
+        return False
+
+
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

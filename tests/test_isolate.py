@@ -58,6 +58,18 @@ def test_child_outcome_is_classified(isolator, name: str, outcome: Outcome, evid
     assert evidence in result.evidence
 
 
+def test_a_forked_child_is_decided_by_its_report_not_by_its_exit() -> None:
+    """The report is a child's last act (harness.child.main): its result comes while the child
+    is still there (a slow exit: the driver tearing a CUDA context down), and the child does
+    not outlive the isolator."""
+    with Isolator("fork") as iso:
+        result = iso.run(job("reports_then_lingers"))
+        assert result.outcome == Outcome.PASS, result.evidence
+        pid = int(result.evidence.removeprefix("pid "))
+        assert procs.alive(pid), "decided only after the child's exit"
+    assert procs.wait_until(lambda: not procs.alive(pid), 10.0)
+
+
 def test_hanging_child_times_out_with_its_stack_as_evidence(isolator) -> None:
     # A spawned child imports torch first: seconds on a loaded GPU machine.
     result = isolator.run(job("hangs", timeout_s=3.0 if isolator.mode == "fork" else 20.0))

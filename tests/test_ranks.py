@@ -121,6 +121,19 @@ def test_a_rank_that_fails_otherwise_than_a_lost_peer_decides_at_once() -> None:
     assert "rank 0: running (killed by the coordinator)" in result.evidence, result.evidence
 
 
+def test_ranks_are_decided_by_their_reports_not_by_their_exits() -> None:
+    """Each rank's report is its last act: the coordinator decides, and writes its own report,
+    while its ranks are still leaving (the driver tearing their CUDA contexts down); the run's
+    result comes then, and no rank outlives the isolator."""
+    with Isolator() as iso:
+        result = iso.run(_ranks_job("reports_then_lingers", 120))
+        assert result.outcome == Outcome.PASS, result.evidence
+        pids = [int(p.split(";")[0]) for p in result.evidence.split("pid ")[1:]]
+        assert len(pids) == 2, result.evidence
+        assert all(procs.alive(p) for p in pids), "decided only after the ranks' exits"
+    assert procs.wait_until(lambda: not any(procs.alive(p) for p in pids), 10.0)
+
+
 def test_a_hang_of_ranks_is_a_timeout_with_every_rank_stack() -> None:
     with Isolator() as iso:
         # ranks forked from the warm coordinator reach the hang in about a second: 12 s is the
