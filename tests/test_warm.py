@@ -157,7 +157,7 @@ def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tm
         ranked_pid, ranked = run(3, {**env, "REPRO_TEST_OTHER": "1"}, ranks=2)
         assert ranked_pid not in renewed, "a scenario of ranks ran in a spare (a CUDA context)"
         # its coordinator reports the ranks' verdict as {"status": "ranks", "outcome": ...}
-        assert ranked.get("outcome", ranked["status"]) == first["status"]
+        assert ranked.get("outcome", ranked["status"]) == first["status"], ranked
     finally:
         client.send({"stop": True})
         client.sock.close()
