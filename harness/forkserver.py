@@ -282,6 +282,10 @@ class _Connection:
         self.children: dict[int, tuple[int, int]] = {}  # pidfd -> (request id, pid)
 
 
+class _Orphan(int):
+    """The pid of a child whose connection is gone: killed, reaped when its exit comes."""
+
+
 class _Server:
     """The event loop: connections, their requests, and their children's exits."""
 
@@ -292,6 +296,7 @@ class _Server:
         self.sources = own_sources()
         self.selector = selectors.DefaultSelector()
         self.connections: set[_Connection] = set()
+        self.orphans: set[int] = set()  # pidfds of killed children not yet reaped
         self.spares: dict[str | None, list[_Spare]] | None = {} if spares else None  # by GPU
         self.spare_for: dict[str | None, dict] = {}  # by GPU: the request spares are made like
         self.last_active, self.stopping = time.monotonic(), False
@@ -326,13 +331,15 @@ class _Server:
         self.add(sock)
 
     def drop(self, conn: _Connection) -> None:
-        """The connection's client is gone: nothing of its run may outlive it."""
-        for _, pid in conn.children.values():
-            lifetime.kill_group(pid)
+        """The connection's client is gone: nothing of its run may outlive it. Each child is
+        killed and reaped when its exit comes, not waited for here: a child its client decided
+        by its report may still be leaving (the driver tearing its CUDA context down, most of a
+        second after a fault), and the next client's requests must not queue behind it."""
         for pidfd, (_, pid) in conn.children.items():
-            self.selector.unregister(pidfd)
-            os.waitpid(pid, 0)
-            os.close(pidfd)
+            lifetime.kill_group(pid)
+            self.selector.modify(pidfd, selectors.EVENT_READ, _Orphan(pid))
+            self.orphans.add(pidfd)
+        conn.children.clear()
         self.selector.unregister(conn.sock)
         conn.sock.close()
         self.connections.discard(conn)
@@ -350,6 +357,8 @@ class _Server:
                         self._read(key.data)
                 elif isinstance(key.data, _Spare):  # it exited unused
                     self._discard_spare(key.data)
+                elif isinstance(key.data, _Orphan):
+                    self._reap_orphan(key.fd)
                 elif key.data[1] in key.data[0].children:
                     self._reaped(*key.data)
             if listening is None and not self.connections:
@@ -358,9 +367,19 @@ class _Server:
                 return
         for conn in list(self.connections):
             self.drop(conn)
+        for pidfd in list(self.orphans):  # the server leaves last
+            self._reap_orphan(pidfd)
         for pool in list((self.spares or {}).values()):
             for spare in list(pool):
                 self._discard_spare(spare)
+
+    def _reap_orphan(self, pidfd: int) -> None:
+        pid = self.selector.get_key(pidfd).data
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        self.orphans.discard(pidfd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
     def _should_exit(self, idle_s: float | None, listening: Callable[[], bool]) -> bool:
         """Idle (no client, so no child) for idle_s, or the socket file was removed."""

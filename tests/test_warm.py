@@ -161,3 +161,36 @@ def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tm
     finally:
         client.send({"stop": True})
         client.sock.close()
+
+
+def test_a_gone_clients_leaving_child_does_not_hold_the_server_up() -> None:
+    """A client decides a child by its report and may leave while the child still exits (the
+    driver tearing its CUDA context down). The server kills and reaps that child as its exit
+    comes, never waiting for it: the next client is served at once. Here the child is one the
+    kill cannot reach (not the leader of a group), as one stuck in the driver would be."""
+    import selectors
+    import socket
+    import time
+
+    server = forkserver._Server(forkserver.installed_versions())
+    ours, theirs = socket.socketpair()
+    server.add(theirs)
+    conn = next(iter(server.connections))
+    pid = os.fork()
+    if pid == 0:  # in this process's group: killpg(pid) finds no such group
+        time.sleep(60)
+        os._exit(0)
+    pidfd = os.pidfd_open(pid)
+    conn.children[pidfd] = (1, pid)
+    server.selector.register(pidfd, selectors.EVENT_READ, (conn, pidfd))
+    try:
+        server.drop(conn)  # waiting here for the child would take its whole minute
+        assert procs.alive(pid), "the child was reaped: dropped only after its exit"
+        assert server.orphans == {pidfd}
+    finally:
+        os.kill(pid, 9)
+    server._reap_orphan(pidfd)  # its exit came: reaped
+    assert server.orphans == set()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    ours.close()
