@@ -467,7 +467,7 @@ class _Batch:
             else:  # a forked child exited: its server reports it soon
                 self._exited(key.data)
         for run in [r for r in self.running if self._may_decide(r)]:
-            if run in self.running and (run.directory / "report.json").exists():
+            if (run.directory / "report.json").exists():
                 run.decided = True
                 self._finish(run, 0)
 

@@ -218,7 +218,7 @@ def join(spec: dict) -> str:
 
 class _Forked:
     """A rank forked from the coordinator, with the part of subprocess.Popen's face the
-    coordinator uses (poll, wait, kill, pid, returncode)."""
+    coordinator uses (poll, kill, pid, returncode)."""
 
     def __init__(self, pid: int) -> None:
         self.pid, self.returncode = pid, None
@@ -229,14 +229,6 @@ class _Forked:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
                 if pid:
                     self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float) -> int | None:
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(POLL_S)
         return self.returncode
 
     def kill(self) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import selectors
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -168,10 +171,6 @@ def test_a_gone_clients_leaving_child_does_not_hold_the_server_up() -> None:
     driver tearing its CUDA context down). The server kills and reaps that child as its exit
     comes, never waiting for it: the next client is served at once. Here the child is one the
     kill cannot reach (not the leader of a group), as one stuck in the driver would be."""
-    import selectors
-    import socket
-    import time
-
     server = forkserver._Server(forkserver.installed_versions())
     ours, theirs = socket.socketpair()
     server.add(theirs)
