@@ -1,6 +1,7 @@
 // Python binding of csrc/cumem_allocator.cpp (the allocator pair itself is loaded by torch's
-// CUDAPluggableAllocator from this same library, by symbol name).
-#include <torch/extension.h>
+// CUDAPluggableAllocator from this same library, by symbol name). pybind11 alone, no torch
+// headers: torch/extension.h made this file most of a cold build's time.
+#include <pybind11/pybind11.h>
 
 #include "cumem_allocator.h"
 

@@ -1,47 +1,54 @@
-// Torch binding of csrc/moe_lora_align.cu: checks tensors, fills AlignParams, launches on the
-// current stream. Workspaces come from the Python launcher (kernels/moe_lora_align.py).
-#include <ATen/cuda/CUDAContext.h>
-#include <torch/extension.h>
+// Python binding of csrc/moe_lora_align.cu: fills AlignParams from the launcher's device
+// pointers and sizes and launches on the stream it names. The launcher (kernels/
+// moe_lora_align.py) checks the tensors (int32, contiguous, on one CUDA device) and makes the
+// workspaces. pybind11 alone, no torch headers: torch/extension.h made this file most of a
+// cold build's time.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "moe_lora_align.h"
 
 namespace {
 
-int32_t* ptr(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_cuda() && t.scalar_type() == torch::kInt32 && t.is_contiguous(), name,
-              ": contiguous int32 CUDA tensor expected");
-  return t.data_ptr<int32_t>();
-}
+int32_t* ptr(uintptr_t address) { return reinterpret_cast<int32_t*>(address); }
 
-void moe_lora_align_block_size(torch::Tensor topk_ids, torch::Tensor token_lora_mapping,
-                               torch::Tensor lora_ids, torch::Tensor adapter_enabled,
-                               torch::Tensor sorted_token_ids, torch::Tensor expert_ids,
-                               torch::Tensor num_tokens_post_pad, torch::Tensor token_mask,
-                               torch::Tensor cumsum, int64_t num_experts, int64_t block_size,
-                               int64_t max_loras, bool grid_plus_one, bool oob_guard,
+void moe_lora_align_block_size(uintptr_t topk_ids, uintptr_t token_lora_mapping,
+                               uintptr_t lora_ids, uintptr_t adapter_enabled,
+                               uintptr_t sorted_token_ids, uintptr_t expert_ids,
+                               uintptr_t num_tokens_post_pad, uintptr_t token_mask,
+                               uintptr_t cumsum, int64_t numel, int64_t top_k,
+                               int64_t num_experts, int64_t block_size, int64_t max_loras,
+                               int64_t max_num_tokens_padded, int64_t max_num_m_blocks,
+                               uintptr_t stream, bool grid_plus_one, bool oob_guard,
                                bool sort_adapter_check) {
   const repro::AlignParams p{
-      ptr(topk_ids, "topk_ids"),
-      ptr(token_lora_mapping, "token_lora_mapping"),
-      ptr(lora_ids, "lora_ids"),
-      ptr(adapter_enabled, "adapter_enabled"),
-      ptr(sorted_token_ids, "sorted_token_ids"),
-      ptr(expert_ids, "expert_ids"),
-      ptr(num_tokens_post_pad, "num_tokens_post_pad"),
-      ptr(token_mask, "token_mask"),
-      ptr(cumsum, "cumsum"),
-      static_cast<int32_t>(topk_ids.numel()),
-      static_cast<int32_t>(topk_ids.size(1)),
+      ptr(topk_ids),
+      ptr(token_lora_mapping),
+      ptr(lora_ids),
+      ptr(adapter_enabled),
+      ptr(sorted_token_ids),
+      ptr(expert_ids),
+      ptr(num_tokens_post_pad),
+      ptr(token_mask),
+      ptr(cumsum),
+      static_cast<int32_t>(numel),
+      static_cast<int32_t>(top_k),
       static_cast<int32_t>(num_experts),
       static_cast<int32_t>(block_size),
       static_cast<int32_t>(max_loras),
-      static_cast<int32_t>(sorted_token_ids.size(1)),
-      static_cast<int32_t>(expert_ids.size(1)),
+      static_cast<int32_t>(max_num_tokens_padded),
+      static_cast<int32_t>(max_num_m_blocks),
   };
   const repro::AlignFixes fixes{grid_plus_one, oob_guard, sort_adapter_check};
-  const cudaError_t err = repro::moe_lora_align_block_size(
-      p, fixes, at::cuda::getCurrentCUDAStream(topk_ids.get_device()));
-  TORCH_CHECK(err == cudaSuccess, "moe_lora_align_block_size launch: ", cudaGetErrorString(err));
+  const cudaError_t err =
+      repro::moe_lora_align_block_size(p, fixes, reinterpret_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string("moe_lora_align_block_size launch: ") +
+                             cudaGetErrorString(err));
+  }
 }
 
 }  // namespace

@@ -181,11 +181,20 @@ def moe_lora_align_block_size(
     if backend == "cuda":
         from kernels import csrc
 
+        # the binding takes device pointers: every tensor an int32, contiguous, on this GPU
+        for t in args:
+            assert t.is_cuda and t.device == topk_ids.device, f"{t.device}: {topk_ids.device}"
+            assert t.dtype == torch.int32 and t.is_contiguous(), "int32 contiguous expected"
         csrc.load("moe_lora_align").moe_lora_align_block_size(
-            *args,
+            *(t.data_ptr() for t in args),
+            numel,
+            topk_ids.shape[1],
             num_experts,
             block_size,
             max_loras,
+            padded,
+            m_blocks,
+            torch.cuda.current_stream(topk_ids.device).cuda_stream,
             fixes.grid_plus_one,
             fixes.oob_guard,
             fixes.sort_adapter_check,

@@ -2,14 +2,17 @@
 interpreter importing torch and Triton, and initializing CUDA on a GPU). A benchmark, not a test:
 it prints what it measured; compare the JSON between commits or machines.
 
-    repro bench [--device cpu|cuda|auto] [--repeat N] [--shard K/N] [--json FILE]
+    repro bench [--device cpu|cuda|auto] [--repeat N] [--shard K/N] [--matrix-json FILE]
+                [--json FILE]
     repro bench --per-bug [--bug BUG ...] [--device ...] [--json FILE]
 
 Figures (median of N runs): usage error, `repro list`, `repro check` of one scenario cold (a
 private server) and warm (`repro serve` running), the overhead of one child that does nothing
 (warm), and `repro matrix --each-part` on the device (warm; with --shard K/N, its part K of N only,
 as one of CI's runners runs it: the JSON says which part, and `repro diff` compares a matrix's
-figures only between files of the same part). On a GPU also the matrix's floor:
+figures only between files of the same part; with --matrix-json, a finished matrix's time and
+runs over its repeats instead: CI's matrix step is not run twice). On a GPU also the matrix's
+floor:
 its number of runs times the time per child that only makes a CUDA context, measured four at
 once (a GPU takes only so many new contexts a second, however many processes ask: about 5.5 on
 the H100 machine we measured; a run in its own process cannot cost less).
@@ -79,6 +82,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--write", action="store_true", help="with --usual: into the records")
     shard_option(b)
     b.add_argument(
+        "--matrix-json",
+        metavar="FILE",
+        help="the matrix figure from a finished `repro matrix --each-part --json FILE` of this "
+        "device (its seconds and runs over its repeats) instead of a matrix run of its own: "
+        ".ci/gpu passes its matrix step's",
+    )
+    b.add_argument(
         "--table",
         nargs="+",
         metavar="FILE",
@@ -142,6 +152,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     shard = parse_shard(args.shard)
     if shard and (args.per_bug or args.bug or args.checks or args.usual or args.table):
         raise UsageError("--shard goes with the default figures only (it parts their matrix)")
+    if args.matrix_json and (args.per_bug or args.bug or args.checks or args.usual or args.table):
+        raise UsageError("--matrix-json goes with the default figures only")
     device = devices.resolve(device_choice(args.device))
     why = unavailable(device)
     if why:
@@ -150,6 +162,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.table:
         print(table(args.table), end="")
         return 0
+    matrix_done = _matrix_timing(args.matrix_json, device, args.shard) if args.matrix_json else None
     repro = [sys.executable, "-m", "repro"]
     if args.write and not args.usual:
         raise UsageError("--write goes with --usual")
@@ -177,16 +190,50 @@ def cmd_bench(args: argparse.Namespace) -> int:
             os.environ[ENV_SERVER_DIR], os.environ[ENV_SERVER] = tmp, "auto"
             figures["child_overhead"] = _per_child(device, args.repeat, "harness.child:noop", 1)
             runs = Path(tmp) / "matrix.json"
-            matrix = [*repro, "matrix", "--each-part", "--device", device, "--json", str(runs)]
-            matrix += ["--shard", args.shard] if shard else []
-            figures["matrix_each_part"] = _timed(matrix, warm, 0)
+            if matrix_done:
+                figures["matrix_each_part"], count = matrix_done
+            else:
+                matrix = [*repro, "matrix", "--each-part", "--device", device, "--json", str(runs)]
+                matrix += ["--shard", args.shard] if shard else []
+                figures["matrix_each_part"] = _timed(matrix, warm, 0)
+                count = len(json.loads(runs.read_text())["results"]) if runs.exists() else 0
             if device == "cuda":
                 context = _per_child(device, args.repeat, "harness.child:cuda_context", 4)
-                count = len(json.loads(runs.read_text())["results"]) if runs.exists() else 0
                 figures["matrix_floor"] = count * context
         finally:
             subprocess.run([*repro, "serve", "--device", device, "--stop"], **quiet)
     return _report(device, figures, args.json, args.shard)
+
+
+def _matrix_timing(path: str, device: str, shard: str | None) -> tuple[float, float]:
+    """(seconds, runs) of one pass of the finished `repro matrix` whose JSON is at `path`: its
+    wall time and its runs, each over its repeats. A matrix that is not this figure's (another
+    device or part, not --each-part, unfinished, no timing) is a usage error; one whose runs
+    did not all end as expected is named like a timed command that did not."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        timing, rows = doc.get("matrix"), doc["results"]
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        raise UsageError(f"--matrix-json {path}: not a matrix's results: {e}") from None
+    devices_run = {row.get("device") for row in rows}
+    wrong = (
+        "no timing (an older repro's, or not a matrix's)"
+        if not isinstance(timing, dict) or not doc.get("complete")
+        else "not --each-part"
+        if not timing.get("each_part")
+        else f"ran on {sorted(devices_run)}, not {device}"
+        if devices_run != {device}
+        else f"its part is {timing.get('shard')}, not {shard}"
+        if timing.get("shard") != shard
+        else None
+    )
+    if wrong:
+        raise UsageError(f"--matrix-json {path}: {wrong}")
+    if not timing.get("as_expected"):
+        print(f"bench: --matrix-json {path}: not every run as expected", file=sys.stderr)
+        _WRONG_EXITS.append(f"matrix {path}")
+    repeat = timing["repeat"]
+    return timing["seconds"] / repeat, len(rows) / repeat
 
 
 def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None, checks: bool) -> int:

@@ -10,6 +10,7 @@ still cover what finished), 2 usage error.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections import Counter
@@ -137,8 +138,17 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             ran, code = e.results, EXIT_INTERRUPTED
         results = [r for _, r in sorted(zip(order, ran, strict=True), key=lambda p: p[0])]
     cells = [_cell(records[r.job], r) for r in results]
-    print_summary(cells, time.monotonic() - start)
-    written = files.finish(cells)
+    seconds = time.monotonic() - start
+    print_summary(cells, seconds)
+    # how long it took, for `repro bench --matrix-json` (CI times its matrix step once, not twice)
+    timing = {
+        "seconds": round(seconds, 3),
+        "repeat": args.repeat,
+        "each_part": args.each_part,
+        "shard": args.shard,
+        "as_expected": code is None and all(c.ok for c in cells),
+    }
+    written = files.finish(cells, timing)
     if code is not None:
         print("matrix: interrupted; unfinished runs are skipped (interrupted)", file=sys.stderr)
         return code
@@ -165,11 +175,13 @@ class _Files:
         if self.junit:
             self._write(f"--junit {self.junit.path}", self.junit.add, cell)
 
-    def finish(self, cells: list[Cell]) -> bool:
-        """Write both whole; whether both were written (on stderr, why not)."""
+    def finish(self, cells: list[Cell], timing: dict) -> bool:
+        """Write both whole, the JSON with the matrix's `timing`; whether both were written (on
+        stderr, why not)."""
         if self.json:
             rows = [documents.result_json(c.result) for c in cells]
-            self._write(f"--json {self.json.path}", self.json.finish, rows)
+            finish = functools.partial(self.json.finish, matrix=timing)
+            self._write(f"--json {self.json.path}", finish, rows)
         if self.junit:
             self._write(f"--junit {self.junit.path}", self.junit.finish, cells)
         for file, why in self.lost.items():

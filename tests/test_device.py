@@ -60,6 +60,7 @@ def _collected(*args: str) -> list[str]:
     return [line for line in done.stdout.splitlines() if "::" in line]
 
 
+@pytest.mark.cpu_job  # it collects with --device cpu: the same on a GPU machine (40 s there)
 def test_upstream_sample_keeps_every_nth_gpu_case_of_each_upstream_test() -> None:
     """.ci/gpu's per-push sample: one in N of upstream's GPU cases, per test function, the first
     kept; the CPU cases and the project's own tests untouched; N < 1 refused."""

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -62,6 +63,10 @@ def test_matrix_shards_are_disjoint_and_their_union_is_the_whole(tmp_path) -> No
         assert done.returncode == 0, done.stdout + done.stderr
     first, second = runs(parts[0]), runs(parts[1])
     assert first and second and not set(first) & set(second)
+    for k, part in enumerate(parts, 1):  # each says how long it took (repro bench reads it)
+        timing = json.loads(part.read_text())["matrix"]
+        assert timing["shard"] == f"{k}/2" and timing["repeat"] == 1 and timing["as_expected"]
+        assert timing["seconds"] > 0 and not timing["each_part"]
     assert sorted(first + second) == sorted(runs(whole))
     # read as one: one table, and no run changed against the whole
     junit = tmp_path / "merged.xml"
@@ -200,6 +205,74 @@ def test_a_bench_of_one_part_times_that_parts_matrix_and_says_so(monkeypatch, tm
     matrix = [a for a in timed if "matrix" in a]
     assert len(matrix) == 1 and matrix[0][-2:] == ["--shard", "2/2"]
     assert json.loads(out.read_text())["shard"] == "2/2"
+
+
+def _matrix_doc(path, rows=10, **timing) -> str:
+    """A finished matrix's JSON as `repro matrix --each-part --repeat 2 --shard 2/2` writes it."""
+    from repro import results
+
+    row = {"bug": "b", "scenario": "s", "variant": "fixed", "fixes_off": [], "device": "cpu"}
+    row |= {"dtype": "float32", "gpu": None, "outcome": "pass", "expected": "pass", "seed": 0}
+    row |= {"seconds": 1.0, "scenario_seconds": 0.5, "evidence": "as the reference"}
+    doc = results.document([row] * rows, {"cpu"}, complete=True)
+    doc["matrix"] = {"seconds": 50.0, "repeat": 2, "each_part": True, "shard": "2/2"}
+    doc["matrix"] |= {"as_expected": True, **timing}
+    assert results.problem(doc) is None, results.problem(doc)
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.cpu_job
+@pytest.mark.parametrize(
+    ("timing", "code", "said"),
+    [
+        ({}, 0, ""),
+        ({"as_expected": False}, 125, "not every run as expected"),
+        ({"shard": "1/2"}, 2, "its part is 1/2, not 2/2"),
+        ({"each_part": False}, 2, "not --each-part"),
+    ],
+)
+def test_a_bench_takes_the_matrix_steps_time_over_its_repeats(
+    monkeypatch, capsys, tmp_path, timing, code, said
+) -> None:
+    """.ci/gpu's bench does not run its part's matrix again: it reads the matrix step's time
+    and runs (halved for its two repeats); a matrix of another part, without --each-part, or
+    that did not end as expected, is not that figure."""
+    from repro import bench, commands
+
+    out, matrix = tmp_path / "bench.json", _matrix_doc(tmp_path / "m.json", **timing)
+    timed = []
+
+    def run(argv, **kwargs):
+        timed.append(list(argv))
+        return subprocess.CompletedProcess(argv, 2 if "no_such_bug" in argv else 0)
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    monkeypatch.setattr(bench, "_per_child", lambda *args: 0.1)
+    monkeypatch.setattr(bench, "_WRONG_EXITS", [])
+    for name in (bench.ENV_SERVER, bench.ENV_SERVER_DIR):  # the bench sets them: restored after
+        monkeypatch.delenv(name, raising=False)
+    argv = ["bench", "--device", "cpu", "--repeat", "1", "--shard", "2/2"]
+    argv += ["--matrix-json", matrix, "--json", str(out)]
+    try:
+        got = bench.cmd_bench(commands.build_parser().parse_args(argv))
+    except bench.UsageError as e:
+        got, err = 2, str(e)
+    else:
+        err = capsys.readouterr().err
+    assert got == code and said in err, err
+    assert not [a for a in timed if "matrix" in a]  # never run again
+    if code != 2:
+        assert json.loads(out.read_text())["figures"]["matrix_each_part"] == 25.0
+
+
+def test_a_bench_refuses_a_matrix_json_that_is_not_a_finished_matrix(tmp_path) -> None:
+    doc = json.loads(Path(_matrix_doc(tmp_path / "m.json")).read_text())
+    del doc["matrix"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    for path, said in ((tmp_path / "old.json", "no timing"), (tmp_path / "none", "not a matrix")):
+        done = repro("bench", "--device", "cpu", "--matrix-json", str(path))
+        assert done.returncode == 2 and said in done.stderr, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("how", [["--checks"], ["--usual"], ["--per-bug"]])
