@@ -208,7 +208,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _matrix_timing(path: str, device: str, shard: str | None) -> tuple[float, float]:
     """(seconds, runs) of one pass of the finished `repro matrix` whose JSON is at `path`: its
     wall time and its runs, each over its repeats. A matrix that is not this figure's (another
-    device or part, not --each-part, unfinished, no timing) is a usage error; one whose runs
+    device, part or dtype, not --each-part, unfinished, no timing) is a usage error; one whose runs
     did not all end as expected is named like a timed command that did not."""
     try:
         doc = json.loads(Path(path).read_text())
@@ -216,6 +216,7 @@ def _matrix_timing(path: str, device: str, shard: str | None) -> tuple[float, fl
     except (OSError, ValueError, KeyError, AttributeError) as e:
         raise UsageError(f"--matrix-json {path}: not a matrix's results: {e}") from None
     devices_run = {row.get("device") for row in rows}
+    dtypes = {row.get("dtype", "float32") for row in rows}
     wrong = (
         "no timing (an older repro's, or not a matrix's)"
         if not isinstance(timing, dict) or not doc.get("complete")
@@ -225,6 +226,8 @@ def _matrix_timing(path: str, device: str, shard: str | None) -> tuple[float, fl
         if devices_run != {device}
         else f"its part is {timing.get('shard')}, not {shard}"
         if timing.get("shard") != shard
+        else f"in {sorted(dtypes)}, not the default float32"
+        if dtypes != {"float32"}
         else None
     )
     if wrong:

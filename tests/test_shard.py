@@ -216,6 +216,8 @@ def _matrix_doc(path, rows=10, **timing) -> str:
     row |= {"seconds": 1.0, "scenario_seconds": 0.5, "evidence": "as the reference"}
     doc = results.document([row] * rows, {"cpu"}, complete=True)
     doc["matrix"] = {"seconds": 50.0, "repeat": 2, "each_part": True, "shard": "2/2"}
+    if "dtype" in timing:
+        doc["results"] = [{**row, "dtype": timing.pop("dtype")}] * rows
     doc["matrix"] |= {"as_expected": True, **timing}
     assert results.problem(doc) is None, results.problem(doc)
     path.write_text(json.dumps(doc))
@@ -230,6 +232,7 @@ def _matrix_doc(path, rows=10, **timing) -> str:
         ({"as_expected": False}, 125, "not every run as expected"),
         ({"shard": "1/2"}, 2, "its part is 1/2, not 2/2"),
         ({"each_part": False}, 2, "not --each-part"),
+        ({"dtype": "bfloat16"}, 2, "not the default float32"),
     ],
 )
 def test_a_bench_takes_the_matrix_steps_time_over_its_repeats(
