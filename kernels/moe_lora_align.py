@@ -181,27 +181,57 @@ def moe_lora_align_block_size(
     if backend == "cuda":
         from kernels import csrc
 
-        # the binding takes device pointers: every tensor an int32, contiguous, on this GPU
-        for t in args:
-            assert t.is_cuda and t.device == topk_ids.device, f"{t.device}: {topk_ids.device}"
-            assert t.dtype == torch.int32 and t.is_contiguous(), "int32 contiguous expected"
-        csrc.load("moe_lora_align").moe_lora_align_block_size(
-            *(t.data_ptr() for t in args),
-            numel,
-            topk_ids.shape[1],
-            num_experts,
-            block_size,
-            max_loras,
-            padded,
-            m_blocks,
-            torch.cuda.current_stream(topk_ids.device).cuda_stream,
-            fixes.grid_plus_one,
-            fixes.oob_guard,
-            fixes.sort_adapter_check,
+        shapes = (
+            (num_tokens, topk_ids.shape[1]),
+            (num_tokens,),
+            (max_loras + 1,),
+            None,  # adapter_enabled: at least max_loras + 1 (below)
+            (max_loras, padded),
+            (max_loras, m_blocks),
+            (max_loras,),
+            (max_loras, numel),
+            (max_loras, num_experts + 1),
         )
+        if topk_ids.device.type != "cuda":
+            raise ValueError(f"backend cuda: topk_ids on {topk_ids.device}, not a GPU")
+        pointers = _device_pointers(args, shapes, topk_ids.device)
+        if adapter_enabled.numel() < max_loras + 1:
+            raise ValueError(f"adapter_enabled: {adapter_enabled.numel()} < {max_loras + 1}")
+        with torch.cuda.device(topk_ids.device):
+            csrc.load("moe_lora_align").moe_lora_align_block_size(
+                *pointers,
+                numel,
+                topk_ids.shape[1],
+                num_experts,
+                block_size,
+                max_loras,
+                padded,
+                m_blocks,
+                torch.cuda.current_stream(topk_ids.device).cuda_stream,
+                fixes.grid_plus_one,
+                fixes.oob_guard,
+                fixes.sort_adapter_check,
+            )
         return
     assert backend == "triton", f"unknown backend {backend!r}"
     _launch_triton(*args, num_experts, block_size, max_loras, fixes)
+
+
+def _device_pointers(tensors, shapes, device: torch.device) -> list[int]:
+    """The device pointers the csrc binding takes, each tensor checked first as the binding
+    cannot: int32, contiguous, on `device`, of its shape (None: any). Raises, never asserts
+    (the checks stand under python -O: the kernel would write past a short buffer)."""
+    pointers = []
+    for i, (t, shape) in enumerate(zip(tensors, shapes, strict=True)):
+        if t.device != device or t.dtype != torch.int32 or not t.is_contiguous():
+            raise ValueError(
+                f"argument {i}: {t.dtype} on {t.device} (contiguous {t.is_contiguous()}); "
+                f"a contiguous int32 tensor on {device} expected"
+            )
+        if shape is not None and tuple(t.shape) != shape:
+            raise ValueError(f"argument {i}: shape {tuple(t.shape)}, {shape} expected")
+        pointers.append(t.data_ptr())
+    return pointers
 
 
 def _launch_triton(

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -202,41 +203,49 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 figures["matrix_floor"] = count * context
         finally:
             subprocess.run([*repro, "serve", "--device", device, "--stop"], **quiet)
-    return _report(device, figures, args.json, args.shard)
+    return _report(device, figures, args.json, args.shard, "step" if matrix_done else None)
 
 
 def _matrix_timing(path: str, device: str, shard: str | None) -> tuple[float, float]:
     """(seconds, runs) of one pass of the finished `repro matrix` whose JSON is at `path`: its
-    wall time and its runs, each over its repeats. A matrix that is not this figure's (another
-    device, part or dtype, not --each-part, unfinished, no timing) is a usage error; one whose runs
-    did not all end as expected is named like a timed command that did not."""
-    try:
-        doc = json.loads(Path(path).read_text())
-        timing, rows = doc.get("matrix"), doc["results"]
-    except (OSError, ValueError, KeyError, AttributeError) as e:
-        raise UsageError(f"--matrix-json {path}: not a matrix's results: {e}") from None
-    devices_run = {row.get("device") for row in rows}
-    dtypes = {row.get("dtype", "float32") for row in rows}
-    wrong = (
-        "no timing (an older repro's, or not a matrix's)"
-        if not isinstance(timing, dict) or not doc.get("complete")
-        else "not --each-part"
-        if not timing.get("each_part")
-        else f"ran on {sorted(devices_run)}, not {device}"
-        if devices_run != {device}
-        else f"its part is {timing.get('shard')}, not {shard}"
-        if timing.get("shard") != shard
-        else f"in {sorted(dtypes)}, not the default float32"
-        if dtypes != {"float32"}
-        else None
+    wall time and its runs, each over its repeats. A file that is no such matrix of this figure
+    (not a valid results document, no timing, interrupted, another device, part, dtype, bugs or
+    --jobs, not --each-part) is a usage error; one whose runs did not all end as expected is
+    named like a timed command that did not."""
+    from repro.report import load
+
+    doc = load(path)
+    timing, rows = doc.get("matrix"), doc["results"]
+    if not isinstance(timing, dict):
+        raise UsageError(f"--matrix-json {path}: no timing (an older repro's, or not a matrix's)")
+    seconds, repeat = timing["seconds"], timing["repeat"]
+    devices_run = sorted({row["device"] for row in rows})
+    dtypes = sorted({row.get("dtype", "float32") for row in rows})
+    checks = (
+        (timing["interrupted"] or not doc.get("complete", True), "interrupted"),
+        (not timing["each_part"], "not --each-part"),
+        (devices_run != [device], f"ran on {devices_run}, not {device}"),
+        (_part(timing["shard"]) != _part(shard), f"its part is {timing['shard']}, not {shard}"),
+        (dtypes != ["float32"], f"in {dtypes}, not the default float32"),
+        (bool(timing["bugs"]), f"of {timing['bugs']} only, not every bug"),
+        (timing["jobs"] is not None, f"with --jobs {timing['jobs']}, not the default"),
+        (repeat < 1 or not 0 <= seconds < math.inf, f"repeat {repeat}, seconds {seconds}"),
     )
+    wrong = [why for bad, why in checks if bad]
     if wrong:
-        raise UsageError(f"--matrix-json {path}: {wrong}")
-    if not timing.get("as_expected"):
+        raise UsageError(f"--matrix-json {path}: " + "; ".join(wrong))
+    if not timing["as_expected"]:
         print(f"bench: --matrix-json {path}: not every run as expected", file=sys.stderr)
         _WRONG_EXITS.append(f"matrix {path}")
-    repeat = timing["repeat"]
-    return timing["seconds"] / repeat, len(rows) / repeat
+    return seconds / repeat, len(rows) / repeat
+
+
+def _part(shard: str | None) -> tuple[int, int]:
+    """A --shard's (K, N); the whole is part 1 of 1."""
+    try:
+        return parse_shard(shard) or (1, 1)
+    except UsageError:
+        return (0, 0)  # no part: matches none
 
 
 def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None, checks: bool) -> int:
@@ -411,7 +420,13 @@ def table(paths: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _report(device: str, figures: dict[str, float], path: str | None, shard: str | None) -> int:
+def _report(
+    device: str,
+    figures: dict[str, float],
+    path: str | None,
+    shard: str | None,
+    matrix_from: str | None = None,
+) -> int:
     floor = figures["floor_import"]
     rows = [("figure", "seconds", "x floor")]
     rows += [(name, f"{s:.3f}", f"{s / floor:.2f}") for name, s in figures.items()]
@@ -425,6 +440,8 @@ def _report(device: str, figures: dict[str, float], path: str | None, shard: str
             "cpus": os.cpu_count(),
             "figures": figures,
             **({"shard": shard} if shard else {}),
+            # "step": the matrix figure is a finished matrix's (--matrix-json), not its own run
+            **({"matrix_from": matrix_from} if matrix_from else {}),
         }
         Path(path).write_text(json.dumps(result, indent=2))
     return _exit()

@@ -146,6 +146,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         "repeat": args.repeat,
         "each_part": args.each_part,
         "shard": args.shard,
+        "bugs": args.bug,  # [] : every bug
+        "jobs": args.jobs,  # None: the default
+        "interrupted": code is not None,
         "as_expected": code is None and all(c.ok for c in cells),
     }
     written = files.finish(cells, timing)

@@ -206,9 +206,11 @@ def load_bench(paths: str) -> dict[str, float]:
             raise UsageError(f"{path}: not a bench document: {e}") from None
         if not isinstance(doc, dict) or doc.get("schema") != BENCH_SCHEMA:
             raise UsageError(f"{path}: not a {BENCH_SCHEMA} document")
-        part = doc.get("shard")  # a part's matrix is compared with the same part's only
+        # a part's matrix is compared with the same part's only, and a figure read from a
+        # matrix step (repro bench --matrix-json) with one read so
+        tag = ",".join(str(t) for t in (doc.get("shard"), doc.get("matrix_from")) if t)
         for name, value in doc.get("figures", {}).items():
-            figures[f"{name}[{part}]" if part and name in SHARDED else name] = value
+            figures[f"{name}[{tag}]" if tag and name in SHARDED else name] = value
         for bug, row in doc.get("bugs", {}).items():
             figures.update({f"{bug}.{name}": v for name, v in row.items()})
     return {k: v for k, v in figures.items() if isinstance(v, (int, float))}

@@ -208,18 +208,19 @@ def test_a_bench_of_one_part_times_that_parts_matrix_and_says_so(monkeypatch, tm
 
 
 def _matrix_doc(path, rows=10, **timing) -> str:
-    """A finished matrix's JSON as `repro matrix --each-part --repeat 2 --shard 2/2` writes it."""
+    """A finished matrix's JSON as `repro matrix --each-part --repeat 2 --shard 2/2` writes it,
+    with `timing`'s changes (dtype: the runs'). Written unchecked; whether it is a valid results
+    document is asserted by its callers where it matters."""
     from repro import results
 
     row = {"bug": "b", "scenario": "s", "variant": "fixed", "fixes_off": [], "device": "cpu"}
-    row |= {"dtype": "float32", "gpu": None, "outcome": "pass", "expected": "pass", "seed": 0}
-    row |= {"seconds": 1.0, "scenario_seconds": 0.5, "evidence": "as the reference"}
-    doc = results.document([row] * rows, {"cpu"}, complete=True)
+    row |= {"dtype": timing.pop("dtype", "float32"), "gpu": None, "outcome": "pass"}
+    row |= {"expected": "pass", "seed": 0, "seconds": 1.0, "scenario_seconds": 0.5}
+    doc = results.document([{**row, "evidence": "as the reference"}] * rows, {"cpu"})
+    doc["complete"] = True
     doc["matrix"] = {"seconds": 50.0, "repeat": 2, "each_part": True, "shard": "2/2"}
-    if "dtype" in timing:
-        doc["results"] = [{**row, "dtype": timing.pop("dtype")}] * rows
-    doc["matrix"] |= {"as_expected": True, **timing}
-    assert results.problem(doc) is None, results.problem(doc)
+    doc["matrix"] |= {"bugs": [], "jobs": None, "interrupted": False, "as_expected": True}
+    doc["matrix"] |= timing
     path.write_text(json.dumps(doc))
     return str(path)
 
@@ -233,6 +234,13 @@ def _matrix_doc(path, rows=10, **timing) -> str:
         ({"shard": "1/2"}, 2, "its part is 1/2, not 2/2"),
         ({"each_part": False}, 2, "not --each-part"),
         ({"dtype": "bfloat16"}, 2, "not the default float32"),
+        ({"interrupted": True}, 2, "interrupted"),
+        ({"bugs": ["moe_align_grid"]}, 2, "not every bug"),
+        ({"jobs": 4}, 2, "not the default"),
+        ({"repeat": 0}, 2, "repeat 0"),
+        ({"seconds": float("nan")}, 2, "seconds nan"),
+        ({"repeat": "2"}, 2, "not a valid repro-results/1 document"),
+        ({"shard": None}, 2, "its part is None, not 2/2"),
     ],
 )
 def test_a_bench_takes_the_matrix_steps_time_over_its_repeats(
@@ -265,17 +273,48 @@ def test_a_bench_takes_the_matrix_steps_time_over_its_repeats(
         err = capsys.readouterr().err
     assert got == code and said in err, err
     assert not [a for a in timed if "matrix" in a]  # never run again
-    if code != 2:
-        assert json.loads(out.read_text())["figures"]["matrix_each_part"] == 25.0
+    if code != 2:  # one pass: the seconds and the runs over the repeats; said in the file
+        assert bench._matrix_timing(matrix, "cpu", "2/2") == (25.0, 5.0)
+        written = json.loads(out.read_text())
+        assert written["figures"]["matrix_each_part"] == 25.0 and written["matrix_from"] == "step"
 
 
 def test_a_bench_refuses_a_matrix_json_that_is_not_a_finished_matrix(tmp_path) -> None:
-    doc = json.loads(Path(_matrix_doc(tmp_path / "m.json")).read_text())
-    del doc["matrix"]
-    (tmp_path / "old.json").write_text(json.dumps(doc))
-    for path, said in ((tmp_path / "old.json", "no timing"), (tmp_path / "none", "not a matrix")):
-        done = repro("bench", "--device", "cpu", "--matrix-json", str(path))
+    from repro import results
+
+    good = json.loads(Path(_matrix_doc(tmp_path / "m.json")).read_text())
+    assert results.problem(good) is None, results.problem(good)
+    old = {k: v for k, v in good.items() if k != "matrix"}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    cuda = {**good, "results": [{**row, "device": "cuda"} for row in good["results"]]}
+    (tmp_path / "cuda.json").write_text(json.dumps(cuda))
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    for path, said in (
+        (tmp_path / "old.json", "no timing"),
+        (tmp_path / "none", "not a results document"),
+        (tmp_path / "deep.json", "nested too deeply"),
+        (tmp_path / "cuda.json", "ran on ['cuda'], not cpu"),
+    ):
+        done = repro("bench", "--device", "cpu", "--shard", "2/2", "--matrix-json", str(path))
         assert done.returncode == 2 and said in done.stderr, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_a_bench_figure_from_a_matrix_step_is_compared_with_such_figures_only(tmp_path) -> None:
+    """The matrix step's time (--matrix-json) is not the bench's own matrix run's: `repro
+    diff` does not compare the two, and compares two of the step's."""
+
+    def bench(name, seconds, **extra):
+        doc = {"schema": "repro-bench/1", "shard": "2/2"}
+        doc |= {"figures": {"matrix_each_part": seconds}, **extra}
+        (tmp_path / name).write_text(json.dumps(doc))
+        return str(tmp_path / name)
+
+    own, step = bench("own.json", 30.0), bench("step.json", 30.0, matrix_from="step")
+    done = repro("diff", own, bench("step-slow.json", 70.0, matrix_from="step"))
+    assert done.returncode == 0 and "0 of 0 figure(s)" in done.stdout, done.stdout
+    done = repro("diff", step, bench("step-slower.json", 70.0, matrix_from="step"))
+    assert done.returncode == 1 and "matrix_each_part[2/2,step]" in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("how", [["--checks"], ["--usual"], ["--per-bug"]])
