@@ -402,6 +402,7 @@ def table(paths: list[str]) -> str:
     heads = [
         f"{d.get('machine', d['device'])}, {d['cpus']} CPUs"
         + (f", matrix part {d['shard']}" if d.get("shard") else "")
+        + (", matrix from its step" if d.get("matrix_from") == "step" else "")
         + f" ({Path(p).name})"
         for d, p in zip(docs, paths, strict=True)
     ]

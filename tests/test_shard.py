@@ -305,7 +305,7 @@ def test_a_bench_figure_from_a_matrix_step_is_compared_with_such_figures_only(tm
     diff` does not compare the two, and compares two of the step's."""
 
     def bench(name, seconds, **extra):
-        doc = {"schema": "repro-bench/1", "shard": "2/2"}
+        doc = {"schema": "repro-bench/1", "device": "cuda", "cpus": 16, "shard": "2/2"}
         doc |= {"figures": {"matrix_each_part": seconds}, **extra}
         (tmp_path / name).write_text(json.dumps(doc))
         return str(tmp_path / name)
@@ -315,6 +315,8 @@ def test_a_bench_figure_from_a_matrix_step_is_compared_with_such_figures_only(tm
     assert done.returncode == 0 and "0 of 0 figure(s)" in done.stdout, done.stdout
     done = repro("diff", step, bench("step-slower.json", 70.0, matrix_from="step"))
     assert done.returncode == 1 and "matrix_each_part[2/2,step]" in done.stdout, done.stdout
+    heads = repro("bench", "--table", own, step).stdout.splitlines()[0].split(" | ")
+    assert ["matrix from its step" in head for head in heads[1:]] == [False, True], heads
 
 
 @pytest.mark.parametrize("how", [["--checks"], ["--usual"], ["--per-bug"]])
