@@ -65,6 +65,7 @@ from repro.common import (
     unavailable,
     writable,
 )
+from repro.report import load
 
 CHECK = ("check", "lora_dummy_run", "--scenario", "dummy_run_before_mapping")
 
@@ -151,9 +152,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         writable(args.json, "--json")
     shard = parse_shard(args.shard)
-    if shard and (args.per_bug or args.bug or args.checks or args.usual or args.table):
+    not_default = args.per_bug or args.bug or args.checks or args.usual or args.table
+    if shard and not_default:
         raise UsageError("--shard goes with the default figures only (it parts their matrix)")
-    if args.matrix_json and (args.per_bug or args.bug or args.checks or args.usual or args.table):
+    if args.matrix_json and not_default:
         raise UsageError("--matrix-json goes with the default figures only")
     device = devices.resolve(device_choice(args.device))
     why = unavailable(device)
@@ -212,8 +214,6 @@ def _matrix_timing(path: str, device: str, shard: str | None) -> tuple[float, fl
     (not a valid results document, no timing, interrupted, another device, part, dtype, bugs or
     --jobs, not --each-part) is a usage error; one whose runs did not all end as expected is
     named like a timed command that did not."""
-    from repro.report import load
-
     doc = load(path)
     timing, rows = doc.get("matrix"), doc["results"]
     if not isinstance(timing, dict):

@@ -184,13 +184,17 @@ def test_bench_diff_compares_a_parts_matrix_with_the_same_part_only(tmp_path) ->
         assert done.returncode == 0 and "0 of 1 figure(s)" in done.stdout, done.stdout
 
 
-@pytest.mark.cpu_job
-def test_a_bench_of_one_part_times_that_parts_matrix_and_says_so(monkeypatch, tmp_path) -> None:
-    from repro import bench, commands
+@pytest.fixture
+def faked_bench(monkeypatch) -> list[list[str]]:
+    """`repro bench` with its timed commands and children faked: the argv of each command it
+    would have run (every one exits as wanted)."""
+    from repro import bench
 
-    timed = []
+    timed, real = [], subprocess.run
 
     def run(argv, **kwargs):
+        if argv[0] == "git":  # a results document's provenance, not a timed command
+            return real(argv, **kwargs)
         timed.append(list(argv))
         return subprocess.CompletedProcess(argv, 2 if "no_such_bug" in argv else 0)
 
@@ -199,6 +203,14 @@ def test_a_bench_of_one_part_times_that_parts_matrix_and_says_so(monkeypatch, tm
     monkeypatch.setattr(bench, "_WRONG_EXITS", [])
     for name in (bench.ENV_SERVER, bench.ENV_SERVER_DIR):  # the bench sets them: restored after
         monkeypatch.delenv(name, raising=False)
+    return timed
+
+
+@pytest.mark.cpu_job
+def test_a_bench_of_one_part_times_that_parts_matrix_and_says_so(faked_bench, tmp_path) -> None:
+    from repro import bench, commands
+
+    timed = faked_bench
     out = tmp_path / "bench.json"
     argv = ["bench", "--device", "cpu", "--repeat", "1", "--shard", "2/2", "--json", str(out)]
     assert bench.cmd_bench(commands.build_parser().parse_args(argv)) == 0
@@ -244,7 +256,7 @@ def _matrix_doc(path, rows=10, **timing) -> str:
     ],
 )
 def test_a_bench_takes_the_matrix_steps_time_over_its_repeats(
-    monkeypatch, capsys, tmp_path, timing, code, said
+    faked_bench, capsys, tmp_path, timing, code, said
 ) -> None:
     """.ci/gpu's bench does not run its part's matrix again: it reads the matrix step's time
     and runs (halved for its two repeats); a matrix of another part, without --each-part, or
@@ -252,17 +264,7 @@ def test_a_bench_takes_the_matrix_steps_time_over_its_repeats(
     from repro import bench, commands
 
     out, matrix = tmp_path / "bench.json", _matrix_doc(tmp_path / "m.json", **timing)
-    timed = []
-
-    def run(argv, **kwargs):
-        timed.append(list(argv))
-        return subprocess.CompletedProcess(argv, 2 if "no_such_bug" in argv else 0)
-
-    monkeypatch.setattr(bench.subprocess, "run", run)
-    monkeypatch.setattr(bench, "_per_child", lambda *args: 0.1)
-    monkeypatch.setattr(bench, "_WRONG_EXITS", [])
-    for name in (bench.ENV_SERVER, bench.ENV_SERVER_DIR):  # the bench sets them: restored after
-        monkeypatch.delenv(name, raising=False)
+    timed = faked_bench
     argv = ["bench", "--device", "cpu", "--repeat", "1", "--shard", "2/2"]
     argv += ["--matrix-json", matrix, "--json", str(out)]
     try:
