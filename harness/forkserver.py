@@ -17,12 +17,15 @@ a TorchDispatchMode, which the graph emulation records with: 1.2 s per capturing
 cuda server also keeps SPARES spare children per GPU ahead of the next requests (each scenario of
 a check, and of its confirming run, finds a CUDA context made; a matrix finds its contexts made
 ahead of it): forked in the environment of the newest request (at start, the server's own), a
-spare creates its CUDA context and waits; a request
-with that same environment and GPU takes it (its clock starts then), any other request gets a
-fresh fork, as does a scenario of ranks: its coordinator forks each rank, which a CUDA context
-would forbid (harness.ranks would spawn them: an interpreter that imports torch per rank, seconds
-on a GPU machine). The context is made before any project module is imported and nothing is
-allocated, so a spare runs a scenario as a fresh child would.
+spare creates its CUDA context (and reads Triton's device properties: _warm_context) and
+waits; a request with that same environment and GPU takes it (its clock starts then), any other
+request gets a fresh fork. A scenario of N ranks needs a coordinator with no
+CUDA context (its ranks are its children, harness.ranks): once one came, the server also keeps
+RANK_GROUPS spare coordinators of N ranks, each with its N rank children forked ahead, their
+contexts made (the six ranks of one check made theirs in 0.9 s of its 2.4 s on one
+H200), which harness.ranks hands each rank's request to. The contexts are made before any
+project module is imported and nothing is allocated, so a spare runs a scenario as a fresh child
+would.
 
 Protocol: JSON lines over each connection; stdout and stderr are only a log, so a library that
 prints cannot break it.
@@ -64,10 +67,12 @@ from harness import lifetime
 from harness.userdir import UserDirectory, peer
 
 PROJECT_PACKAGES = ("harness", "kernels", "repro", "tests")
-PROTOCOL = 5  # bumped with any change of the messages or of what a server checks: a client
+PROTOCOL = 6  # bumped with any change of the messages or of what a server checks: a client
 # replaces an older warm server
 LOCK_WAIT_S = 10.0  # a second warm server for one socket waits this long for the lock, then exits
 SPARES = 8  # spare children per GPU of a warm cuda server (a check's scenarios at once)
+RANK_GROUPS = 2  # spare coordinators per number of ranks a request had (a scenario, its twin)
+MAX_SPARE_RANKS = 8  # a scenario of more ranks gets no spare coordinators (contexts held idle)
 MAX_LINE = 1 << 20  # a request longer than this is no request
 SEND_S = 5.0  # a peer that does not take a message within this long is dropped
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -195,12 +200,89 @@ def _spare_main(request: dict, server_pid: int, fd: int) -> None:
 
             torch.cuda.init()
             torch.cuda.synchronize()  # the primary context; the caching allocator untouched
+            _warm_context(torch)
         with os.fdopen(fd, "rb") as pipe:
             line = pipe.readline()
         if line.endswith(b"\n"):
             _run(json.loads(line), time.monotonic())
     finally:
         os._exit(70 if line.endswith(b"\n") else 0)
+
+
+def _group_main(request: dict, server_pid: int, fd: int, ranks: int) -> None:
+    """A spare coordinator of `ranks` ranks: detach as `request` would, fork each rank ahead
+    (_rank_spare_main: its context made), make none itself (harness.ranks may still fork a rank
+    where one died), then run the message the server writes to `fd` with the ranks' pids and
+    pipes in its request ("rank_spares": harness.ranks hands each its rank's request)."""
+    line = b""
+    try:
+        _detach(request, server_pid, keep=(fd,))
+        spares = [_fork_rank_spare(rank) for rank in range(ranks)]
+        with os.fdopen(fd, "rb") as pipe:
+            line = pipe.readline()
+        if line.endswith(b"\n"):
+            message = json.loads(line)
+            message["request"]["rank_spares"] = spares
+            _run(message, time.monotonic())
+    finally:
+        os._exit(70 if line.endswith(b"\n") else 0)
+
+
+def _fork_rank_spare(rank: int) -> list[int]:
+    """[pid, write end of its pipe] of a new rank spare, a child of this coordinator."""
+    read, write = os.pipe()
+    pid = _fork(_rank_spare_main, rank, os.getpid(), read)
+    os.close(read)
+    return [pid, write]
+
+
+def _rank_spare_main(rank: int, coordinator: int, fd: int) -> None:
+    """A rank spare: its CUDA context made on the GPU rank `rank` will use (harness.ranks.join:
+    rank mod the GPU count), then the message its coordinator writes to `fd` ({"root", "log",
+    "env", "request"}), run as harness.ranks would run a forked rank; EOF: not needed. It stays
+    in its coordinator's session: the run's kill reaches it."""
+    line, context = b"", "not made"
+    try:
+        lifetime.die_with_parent(coordinator)
+        lifetime.close_inherited_fds((0, 1, 2, fd))  # the other ranks' pipes: their EOF
+        with contextlib.suppress(Exception):  # a rank that cannot init CUDA says so itself
+            import torch
+
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+            torch.cuda.synchronize()
+            _warm_context(torch)
+            context = f"made on GPU {torch.cuda.current_device()}"
+        with os.fdopen(fd, "rb") as pipe:
+            line = pipe.readline()
+        if line.endswith(b"\n"):
+            message = json.loads(line)
+            log = os.open(message["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(log)
+            os.environ.update(message["env"])
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            print(f"rank {rank}: a rank spare made ahead of its request (CUDA context: {context})")
+            _fresh_project(message["root"])
+            from harness.child import spawned_rank
+
+            spawned_rank(json.dumps(message["request"]))
+    finally:
+        os._exit(70 if line.endswith(b"\n") else 0)
+
+
+def _warm_context(torch) -> None:
+    """In a spare, after its context: Triton's device properties, read once per process at
+    its first kernel load (0.02-0.1 s of a scenario on an H200), no device memory touched.
+    Not torch's stream pool (every stream of every priority, made at the first
+    torch.cuda.Stream()): with it made here too, three back-to-back checks of eight scenarios
+    measured 2.19 s (median) against 1.68 s without (one H200, one run each), the spares
+    likely slower to make again."""
+    from triton.compiler import compiler
+
+    shared = getattr(compiler, "max_shared_mem", None)  # cached per process by Triton
+    if shared is not None:
+        shared(torch.cuda.current_device())
 
 
 def _fork(run, *args) -> int:
@@ -215,13 +297,17 @@ def _fork(run, *args) -> int:
 
 
 class _Spare:
-    """A spare child waiting for its request on a pipe (a warm cuda server's, per GPU)."""
+    """A spare child waiting for its request on a pipe (a warm cuda server's, per GPU and
+    number of ranks): one with its CUDA context made, or a coordinator with its ranks made."""
 
-    def __init__(self, request: dict, server_pid: int) -> None:
-        self.gpu = request.get("gpu")
+    def __init__(self, request: dict, server_pid: int, key: tuple[str | None, int]) -> None:
+        self.key = key  # (GPU, ranks)
         self.env = request.get("env")  # it serves only requests with this environment
         read, self.fd = os.pipe()
-        self.pid = _fork(_spare_main, request, server_pid, read)
+        if key[1] > 1:
+            self.pid = _fork(_group_main, request, server_pid, read, key[1])
+        else:
+            self.pid = _fork(_spare_main, request, server_pid, read)
         os.close(read)
         self.pidfd = os.pidfd_open(self.pid)
 
@@ -246,6 +332,12 @@ class _Spare:
         os.close(self.pidfd)
 
 
+def _key(request: dict) -> tuple[str | None, int]:
+    """The pool a request's spare comes from: its GPU and its number of ranks."""
+    ranks = request.get("spec", {}).get("ranks", 1)  # none: the server's own first spares
+    return request.get("gpu"), ranks if isinstance(ranks, int) and ranks > 1 else 1
+
+
 def _message(line: bytes) -> dict | None:
     """A request or a stop, or None: not one."""
     try:
@@ -262,6 +354,8 @@ def _message(line: bytes) -> dict | None:
         and isinstance(message.get("root"), str)
         and isinstance(request, dict)
         and isinstance(request.get("log"), str)
+        and isinstance(request.get("spec"), dict)
+        and isinstance(request.get("gpu"), str | None)
     ):
         return None
     return message
@@ -297,8 +391,9 @@ class _Server:
         self.selector = selectors.DefaultSelector()
         self.connections: set[_Connection] = set()
         self.orphans: set[int] = set()  # pidfds of killed children not yet reaped
-        self.spares: dict[str | None, list[_Spare]] | None = {} if spares else None  # by GPU
-        self.spare_for: dict[str | None, dict] = {}  # by GPU: the request spares are made like
+        # by (GPU, ranks): the spares, and the request they are made like
+        self.spares: dict[tuple[str | None, int], list[_Spare]] | None = {} if spares else None
+        self.spare_for: dict[tuple[str | None, int], dict] = {}
         self.last_active, self.stopping = time.monotonic(), False
         if listener is not None:
             self.selector.register(listener, selectors.EVENT_READ, "listener")
@@ -443,11 +538,10 @@ class _Server:
 
     def _take_spare(self, message: dict) -> tuple[int | None, int | None]:
         """(pid, pidfd) of the spare that now runs `message`, the oldest (its context the likeliest
-        made); (None, None) when none fits."""
+        made; for a scenario of ranks, a coordinator whose ranks are made); (None, None) when
+        none fits."""
         request = message["request"]
-        if request["spec"].get("ranks", 1) > 1:  # its ranks are forks of it (harness.ranks):
-            return None, None  # a spare's context would make each an interpreter of its own
-        pool = (self.spares or {}).get(request.get("gpu"), [])
+        pool = (self.spares or {}).get(_key(request), [])
         while pool:
             spare = pool.pop(0)
             self.selector.unregister(spare.pidfd)
@@ -457,25 +551,27 @@ class _Server:
         return None, None
 
     def _make_spare(self, request: dict) -> None:
-        """Spares from now on are made like `request` on its GPU (the newest environment wins)."""
-        if self.spares is not None:
-            self.spare_for[request.get("gpu")] = request
+        """Spares from now on are made like `request` on its GPU, with its number of ranks (the
+        newest environment wins)."""
+        key = _key(request)
+        if self.spares is not None and key[1] <= MAX_SPARE_RANKS:
+            self.spare_for[key] = request
             self._top_up()
 
     def _top_up(self) -> None:
-        """Each GPU's pool up to SPARES."""
-        for gpu, request in self.spare_for.items():
-            pool = self.spares.setdefault(gpu, [])
+        """Each pool up to SPARES (RANK_GROUPS for scenarios of ranks)."""
+        for key, request in self.spare_for.items():
+            pool = self.spares.setdefault(key, [])
             for spare in [s for s in pool if not s.fits(request)]:
                 self._discard_spare(spare)
-            while len(pool) < SPARES:
-                spare = _Spare(request, self.pid)
+            while len(pool) < (SPARES if key[1] == 1 else RANK_GROUPS):
+                spare = _Spare(request, self.pid, key)
                 pool.append(spare)
                 self.selector.register(spare.pidfd, selectors.EVENT_READ, spare)
 
     def _discard_spare(self, spare: _Spare) -> None:
         self.selector.unregister(spare.pidfd)
-        self.spares[spare.gpu].remove(spare)
+        self.spares[spare.key].remove(spare)
         spare.discard()
 
     def _reaped(self, conn: _Connection, pidfd: int) -> None:

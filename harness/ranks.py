@@ -3,8 +3,10 @@
 The scenario child (harness.child, forked by the fork server, or spawned) becomes the
 coordinator of its ranks (`coordinate`). Where it is a warm child (torch imported) with no
 CUDA context, which is what the fork server makes, each rank is a fork of it (`_may_fork`:
-a context does not survive a fork, and none exists yet: each rank makes its own); else (a
-spawned child, a sanitizer run) a fresh interpreter that imports the project from the
+a context does not survive a fork, and none exists yet: each rank makes its own), or, where a
+warm cuda server made it as a spare coordinator, a child it was made with whose context is
+made already (the request's "rank_spares": each is handed its rank's request, `_hand_over`);
+else (a spawned child, a sanitizer run) a fresh interpreter that imports the project from the
 request's tree. Each rank joins the process group (`join`) and runs the scenario function with
 its rank in the Context, then writes its own report (harness.child.main). The ranks stay in the
 coordinator's process group (the run's, which the isolator kills as a whole on timeout, Ctrl-C
@@ -275,8 +277,29 @@ class _Rank:
     leaving: bool = False  # its report written, its exit not seen yet
 
 
+def _hand_over(
+    spare: list[int], rank_request: dict, log: Path, env: dict[str, str]
+) -> _Forked | None:
+    """Give a rank spare (a child of this coordinator with its CUDA context made: a warm
+    server's, harness.forkserver) its rank's request; None when it died meanwhile."""
+    pid, fd = spare
+    message = {"root": str(ROOT), "log": str(log), "env": env, "request": rank_request}
+    try:
+        with os.fdopen(fd, "wb") as pipe:
+            pipe.write((json.dumps(message) + "\n").encode())
+    except OSError:
+        return None
+    return _Forked(pid)
+
+
 def _spawn(
-    request: dict, spec: dict, rank: int, n: int, directory: Path, rank_main: RankMain
+    request: dict,
+    spec: dict,
+    rank: int,
+    n: int,
+    directory: Path,
+    rank_main: RankMain,
+    spare: list[int] | None = None,
 ) -> _Rank:
     paths = {
         "log": directory / f"rank-{rank}.log",
@@ -299,6 +322,9 @@ def _spawn(
         "coordinator": os.getpid(),
     }
     loopback = {name: os.environ.get(name, "lo") for name in SOCKET_ENV}  # loopback only
+    handed = spare and _hand_over(spare, rank_request, paths["log"], loopback)
+    if handed:
+        return _Rank(rank, handed, paths["log"], paths["report"], paths["trace"])
     if _may_fork(spec):
         proc = _fork(rank_request, paths["log"], loopback, rank_main)
         return _Rank(rank, proc, paths["log"], paths["report"], paths["trace"])
@@ -343,14 +369,27 @@ class _Coordinator:
         self.directory.mkdir(parents=True, exist_ok=True)
         faulthandler.unregister(signal.SIGUSR1)
         signal.signal(signal.SIGUSR1, self._dump_stacks)
+        spares = self._spares()
         try:
             for rank in range(self.n):
                 args = (self.request, self.spec, rank, self.n, self.directory, self.rank_main)
-                self.ranks.append(_spawn(*args))
+                self.ranks.append(_spawn(*args, spare=spares[rank] if spares else None))
             return self._watch()
         finally:  # the ranks still running are killed, not waited for (`reap`, after the report)
             self._kill_all()
             self._print_logs()
+
+    def _spares(self) -> list[list[int]] | None:
+        """The rank spares this coordinator was made with (a warm cuda server's: each rank's
+        context made ahead), where they fit this run: one per rank, and a rank may be a fork
+        (no tool wraps the run). Any that do not fit are let go (EOF: each exits)."""
+        spares = self.request.get("rank_spares") or []
+        if len(spares) == self.n and _may_fork(self.spec):
+            return spares
+        for _, fd in spares:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        return None
 
     def _watch(self) -> dict:
         failed_at = None

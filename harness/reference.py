@@ -20,6 +20,20 @@ def _d(t: torch.Tensor) -> torch.Tensor:
     return t.detach().double().cpu()
 
 
+class _Host:
+    """A model's tensors in float64 on the CPU, each copied once when first read: one
+    reference step reads the same weights for every token, and a copy from a GPU waits for it
+    (hundreds of small copies were most of a step's reference on a GPU shared by four ranks)."""
+
+    def __init__(self, model) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        host = _d(getattr(self._model, name))
+        setattr(self, name, host)
+        return host
+
+
 def slots_of(runner: ModelRunner, requests: list[Request]) -> list[int]:
     """The LoRA slot of each request (-1: base model, or LoRA disabled)."""
     adapters = runner.lora_manager._adapter_manager.lora_index_to_id
@@ -28,7 +42,7 @@ def slots_of(runner: ModelRunner, requests: list[Request]) -> list[int]:
 
 
 def _lora(x, a, b, slot: int, scale: float) -> torch.Tensor:
-    return scale * (x @ _d(a[slot]).T) @ _d(b[slot]).T
+    return scale * (x @ a[slot].T) @ b[slot].T
 
 
 def step_reference(
@@ -36,51 +50,52 @@ def step_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden states [num_tokens, hidden], logits [num_reqs, vocab]) in float64."""
     model, c = runner.model, runner.model.config
+    w = _Host(model)
     slots = slots_of(runner, requests)
     tokens = [t for q in requests for t in q.token_ids]
     token_slots = [s for q, s in zip(requests, slots, strict=True) for _ in q.token_ids]
-    h = _d(model.embed)[tokens]
+    h = w.embed[tokens]
     for t, s in enumerate(token_slots):
         if s != -1:
-            row = _d(model.embed_a)[s * c.vocab_size + tokens[t]]
-            h[t] += row @ _d(model.embed_b[0, s]).T
+            row = w.embed_a[s * c.vocab_size + tokens[t]]
+            h[t] += row @ w.embed_b[0, s].T
     h = h * c.embed_scale  # the config's value, not the runner's live buffer
     width = c.hidden_size // model.LAYER_SLICES
     if not dummy:
         h = h + _attention(runner, 0, h, requests)
-    y = h @ _d(model.mlp).T
+    y = h @ w.mlp.T
     for t, s in enumerate(token_slots):
         for k in range(model.LAYER_SLICES if s != -1 else 0):
-            lora = _lora(h[t], model.mlp_a[k], model.mlp_b[k], s, c.lora_scale)
+            lora = _lora(h[t], w.mlp_a[k], w.mlp_b[k], s, c.lora_scale)
             y[t, k * width : (k + 1) * width] += lora
     h = y.relu()
     if not dummy:
         h = h + _attention(runner, 1, h, requests)
     y = torch.zeros_like(h)
+    router = model.router.cpu().tolist()
     for t, s in enumerate(token_slots):
         if c.learned_gate:
-            y[t] = _gated_experts(model, h[t])
+            y[t] = _gated_experts(c, w, h[t])
             continue
-        for e in model.router[tokens[t]].tolist():
-            y[t] += h[t] @ _d(model.experts[e]).T
+        for e in router[tokens[t]]:
+            y[t] += h[t] @ w.experts[e].T
             if s != -1:
-                y[t] += _lora(h[t], model.expert_a[:, e], model.expert_b[:, e], s, c.lora_scale)
+                y[t] += _lora(h[t], w.expert_a[:, e], w.expert_b[:, e], s, c.lora_scale)
     h = y.relu()
     last = torch.cumsum(torch.tensor([len(q.token_ids) for q in requests]), 0) - 1
-    logits = h[last] @ _d(model.head).T
+    logits = h[last] @ w.head.T
     for r, s in enumerate(slots):
         if s != -1:
-            logits[r] += _lora(h[last[r]], model.head_a[0], model.head_b[0], s, c.lora_scale)
+            logits[r] += _lora(h[last[r]], w.head_a[0], w.head_b[0], s, c.lora_scale)
     return h, logits
 
 
-def _gated_experts(model, h: torch.Tensor) -> torch.Tensor:
+def _gated_experts(c, w: _Host, h: torch.Tensor) -> torch.Tensor:
     """One token through the learned gate: its softmax's top_k experts (ties: the lowest
     index), each weighted by its probability."""
-    c = model.config
-    probs = (h @ _d(model.gate).T).softmax(-1)
+    probs = (h @ w.gate.T).softmax(-1)
     chosen = sorted(range(c.num_experts), key=lambda e: -probs[e].item())[: c.top_k]
-    return sum(probs[e] * (h @ _d(model.experts[e]).T) for e in chosen)
+    return sum(probs[e] * (h @ w.experts[e].T) for e in chosen)
 
 
 def _attention(runner: ModelRunner, i: int, h: torch.Tensor, requests: list[Request]):

@@ -110,17 +110,36 @@ def _children(pid: int) -> set[int]:
     return {child for child in found if procs.parent_of(child) == pid}
 
 
-def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tmp_path) -> None:
-    """A warm cuda server keeps SPARES spares (CUDA context made, no project imported), made in
-    its own environment from its start; a request with the same environment and
-    GPU runs in one, any other gets a fresh fork and the pool is made again in its environment;
-    a scenario of ranks gets a fresh fork (it forks its ranks: no CUDA context may exist). Here
-    without a GPU the children say so (skipped)."""
+def _warm_cuda_client() -> servers.Server:
     with UserDirectory.open() as directory:
         servers.start_warm("cuda", 120.0, directory)
     client = procs.wait_until(lambda: connect("cuda"), 120.0, 0.2)
     assert client is not None, "the warm cuda server did not start"
-    job = Job("test", "passes", "tests.children:passes", ALL_FIXES, "cuda", 60)
+    return client
+
+
+def _request(client: servers.Server, directory, rid: int, env: dict, ranks: int = 1):
+    """(pid, report) of one request of tests.children:passes (of `ranks` ranks) in `directory`."""
+    job = Job("test", "passes", "tests.children:passes", ALL_FIXES, "cuda", 60, ranks=ranks)
+    directory.mkdir()
+    request = {**job.request(directory), "env": env, "gpu": None}
+    assert client.send({"id": rid, "root": str(procs.ROOT), "request": request})
+    pid, returncode = None, None
+    while returncode is None:
+        for message in client.receive() or pytest.fail("the server went away"):
+            pid = message.get("pid", pid)
+            returncode = message.get("returncode", returncode)
+    assert returncode == 0
+    return pid, isolate._read_report(directory / "report.json")
+
+
+def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tmp_path) -> None:
+    """A warm cuda server keeps SPARES spares (CUDA context made, no project imported), made in
+    its own environment from its start; a request with the same environment and
+    GPU runs in one, any other gets a fresh fork and the pool is made again in its environment;
+    a scenario of ranks gets no such spare (it forks its ranks: no CUDA context may exist). Here
+    without a GPU the children say so (skipped)."""
+    client = _warm_cuda_client()
     env = servers.child_env()
 
     def pool() -> set[int] | None:
@@ -128,39 +147,64 @@ def test_a_warm_cuda_server_runs_the_next_like_request_in_a_spare(server_dir, tm
         found = _children(client.pid)
         return found if len(found) == forkserver.SPARES else None
 
-    def run(rid: int, env: dict, ranks: int = 1) -> tuple[int, dict]:
-        directory = tmp_path / f"job-{rid}"
-        directory.mkdir()
-        request = {**job.request(directory), "env": env, "gpu": None}
-        if ranks > 1:
-            request["spec"]["ranks"] = ranks
-        assert client.send({"id": rid, "root": str(procs.ROOT), "request": request})
-        pid, returncode = None, None
-        while returncode is None:
-            for message in client.receive() or pytest.fail("the server went away"):
-                pid = message.get("pid", pid)
-                returncode = message.get("returncode", returncode)
-        assert returncode == 0
-        return pid, isolate._read_report(directory / "report.json")
-
     try:
         spares = procs.wait_until(pool, 60.0)
         assert spares, f"no pool of {forkserver.SPARES} spares at start: {_children(client.pid)}"
-        first_pid, first = run(1, env)
+        first_pid, first = _request(client, tmp_path / "1", 1, env)
         assert first_pid in spares, "a request of the server's environment did not use a spare"
         assert first["status"] in ("pass", "skipped")
         again = procs.wait_until(lambda: (found := pool()) and first_pid not in found and found)
         assert again, "the pool was not topped up"
-        second_pid, second = run(2, {**env, "REPRO_TEST_OTHER": "1"})
+        second_pid, second = _request(client, tmp_path / "2", 2, {**env, "REPRO_TEST_OTHER": "1"})
         assert second_pid not in again, "a spare ran a request of another environment"
         assert second["status"] == first["status"]
         renewed = procs.wait_until(lambda: (found := pool()) and not found & again and found)
         assert renewed, "the spares of the old environment stay, or none of the new are made"
-        # a scenario of ranks forks its ranks: it needs a child with no CUDA context
-        ranked_pid, ranked = run(3, {**env, "REPRO_TEST_OTHER": "1"}, ranks=2)
+        ranked_pid, ranked = _request(
+            client, tmp_path / "3", 3, {**env, "REPRO_TEST_OTHER": "1"}, 2
+        )
         assert ranked_pid not in renewed, "a scenario of ranks ran in a spare (a CUDA context)"
         # its coordinator reports the ranks' verdict as {"status": "ranks", "outcome": ...}
         assert ranked.get("outcome", ranked["status"]) == first["status"], ranked
+    finally:
+        client.send({"stop": True})
+        client.sock.close()
+
+
+def _rank_logs(directory) -> str:
+    return "".join(p.read_text() for p in sorted((directory / "ranks").glob("rank-*.log")))
+
+
+def test_a_warm_cuda_server_keeps_coordinators_with_their_ranks_made(server_dir, tmp_path) -> None:
+    """Once a scenario of N ranks came, a warm cuda server keeps RANK_GROUPS spare coordinators
+    of N ranks, each with its N ranks forked ahead (their CUDA contexts made, no project
+    imported): the next scenario of N ranks in that environment runs in one, each rank handed
+    its request, and its verdict is a fresh coordinator's; a scenario of another number of ranks
+    gets a fresh coordinator that forks its ranks. Here without a GPU the ranks say so
+    (skipped)."""
+    client = _warm_cuda_client()
+    env = servers.child_env()
+
+    def groups(pid: int) -> set[int] | None:
+        """The server's spare coordinators, once RANK_GROUPS have their two ranks each and
+        `pid` (the last run) is gone."""
+        found = {p for p in _children(client.pid) if len(_children(p)) == 2}
+        ok = len(found) == forkserver.RANK_GROUPS and pid not in _children(client.pid)
+        return found if ok else None
+
+    try:
+        first_pid, first = _request(client, tmp_path / "1", 1, env, ranks=2)
+        assert "a rank spare" not in _rank_logs(tmp_path / "1"), "no coordinator was made yet"
+        made = procs.wait_until(lambda: groups(first_pid), 60.0)
+        assert made, f"no {forkserver.RANK_GROUPS} coordinators of 2 ranks: {_children(client.pid)}"
+        second_pid, second = _request(client, tmp_path / "2", 2, env, ranks=2)
+        assert second_pid in made, "a scenario of 2 ranks did not run in a spare coordinator"
+        logs = _rank_logs(tmp_path / "2")
+        assert logs.count("a rank spare made ahead of its request") == 2, logs
+        assert second["status"] == first["status"] in ("pass", "skipped"), (first, second)
+        third_pid, _ = _request(client, tmp_path / "3", 3, env, ranks=3)
+        assert third_pid not in _children(client.pid) | made
+        assert "a rank spare" not in _rank_logs(tmp_path / "3"), "3 ranks ran in spares of 2"
     finally:
         client.send({"stop": True})
         client.sock.close()
