@@ -73,6 +73,9 @@ LOCK_WAIT_S = 10.0  # a second warm server for one socket waits this long for th
 SPARES = 8  # spare children per GPU of a warm cuda server (a check's scenarios at once)
 RANK_GROUPS = 2  # spare coordinators per number of ranks a request had (a scenario, its twin)
 MAX_SPARE_RANKS = 8  # a scenario of more ranks gets no spare coordinators (contexts held idle)
+RANK_SIZES = 2  # spare coordinators for the newest this many numbers of ranks only (contexts)
+RANK_SPARES = "rank_spares"  # a spare coordinator's request: [[pid, write fd]] of its ranks
+LET_GO_S = 10.0  # a spare coordinator let go: its ranks' time to exit before they are killed
 MAX_LINE = 1 << 20  # a request longer than this is no request
 SEND_S = 5.0  # a peer that does not take a message within this long is dropped
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -205,6 +208,8 @@ def _spare_main(request: dict, server_pid: int, fd: int) -> None:
             line = pipe.readline()
         if line.endswith(b"\n"):
             _run(json.loads(line), time.monotonic())
+    except BaseException:  # as _child's: its log (if it got that far) says why
+        traceback.print_exc()
     finally:
         os._exit(70 if line.endswith(b"\n") else 0)
 
@@ -213,8 +218,9 @@ def _group_main(request: dict, server_pid: int, fd: int, ranks: int) -> None:
     """A spare coordinator of `ranks` ranks: detach as `request` would, fork each rank ahead
     (_rank_spare_main: its context made), make none itself (harness.ranks may still fork a rank
     where one died), then run the message the server writes to `fd` with the ranks' pids and
-    pipes in its request ("rank_spares": harness.ranks hands each its rank's request)."""
-    line = b""
+    pipes in its request (RANK_SPARES: harness.ranks hands each its rank's request). EOF: not
+    needed; it lets its ranks go and reaps them before it exits (no zombie left to PID 1)."""
+    line, spares = b"", []
     try:
         _detach(request, server_pid, keep=(fd,))
         spares = [_fork_rank_spare(rank) for rank in range(ranks)]
@@ -222,8 +228,11 @@ def _group_main(request: dict, server_pid: int, fd: int, ranks: int) -> None:
             line = pipe.readline()
         if line.endswith(b"\n"):
             message = json.loads(line)
-            message["request"]["rank_spares"] = spares
+            message["request"][RANK_SPARES] = spares
             _run(message, time.monotonic())
+        let_go_ranks(spares, LET_GO_S)
+    except BaseException:  # as _child's: its log (if it got that far) says why
+        traceback.print_exc()
     finally:
         os._exit(70 if line.endswith(b"\n") else 0)
 
@@ -267,8 +276,45 @@ def _rank_spare_main(rank: int, coordinator: int, fd: int) -> None:
             from harness.child import spawned_rank
 
             spawned_rank(json.dumps(message["request"]))
+    except BaseException:  # as _child's: its log (if it got that far) says why
+        traceback.print_exc()
     finally:
         os._exit(70 if line.endswith(b"\n") else 0)
+
+
+def hand_over_rank(spare: list[int], root: str, log: str, env: dict, request: dict) -> int | None:
+    """In a spare coordinator (harness.ranks): give a rank spare its rank's request, which it
+    runs as a forked rank would (_rank_spare_main reads this message); its pid, or None when it
+    died meanwhile. Its pipe is closed either way."""
+    pid, fd = spare
+    message = {"root": root, "log": log, "env": env, "request": request}
+    try:
+        with os.fdopen(fd, "wb") as pipe:
+            pipe.write((json.dumps(message) + "\n").encode())
+    except OSError:
+        return None
+    return pid
+
+
+def let_go_ranks(spares: list[list[int]], wait_s: float) -> None:
+    """Rank spares handed no request: EOF on each pipe (each exits once its context is made),
+    each reaped; one not gone within `wait_s` is killed and left to its coordinator's exit."""
+    for _, fd in spares:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    deadline = time.monotonic() + wait_s
+    for pid, _ in spares:
+        while True:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+            except ChildProcessError:
+                break
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                break
+            time.sleep(0.02)
 
 
 def _warm_context(torch) -> None:
@@ -335,7 +381,7 @@ class _Spare:
 def _key(request: dict) -> tuple[str | None, int]:
     """The pool a request's spare comes from: its GPU and its number of ranks."""
     ranks = request.get("spec", {}).get("ranks", 1)  # none: the server's own first spares
-    return request.get("gpu"), ranks if isinstance(ranks, int) and ranks > 1 else 1
+    return request.get("gpu"), max(ranks, 1)
 
 
 def _message(line: bytes) -> dict | None:
@@ -356,8 +402,10 @@ def _message(line: bytes) -> dict | None:
         and isinstance(request.get("log"), str)
         and isinstance(request.get("spec"), dict)
         and isinstance(request.get("gpu"), str | None)
+        and type(request["spec"].get("ranks", 1)) is int
     ):
         return None
+    request.pop(RANK_SPARES, None)  # a spare coordinator's own: never a client's
     return message
 
 
@@ -377,7 +425,8 @@ class _Connection:
 
 
 class _Orphan(int):
-    """The pid of a child whose connection is gone: killed, reaped when its exit comes."""
+    """The pid of a child reaped when its exit comes: one whose connection is gone (killed), or
+    a spare coordinator let go (it reaps its ranks first)."""
 
 
 class _Server:
@@ -462,11 +511,11 @@ class _Server:
                 return
         for conn in list(self.connections):
             self.drop(conn)
-        for pidfd in list(self.orphans):  # the server leaves last
-            self._reap_orphan(pidfd)
         for pool in list((self.spares or {}).values()):
             for spare in list(pool):
                 self._discard_spare(spare)
+        for pidfd in list(self.orphans):  # the server leaves last
+            self._reap_orphan(pidfd)
 
     def _reap_orphan(self, pidfd: int) -> None:
         pid = self.selector.get_key(pidfd).data
@@ -544,19 +593,26 @@ class _Server:
         pool = (self.spares or {}).get(_key(request), [])
         while pool:
             spare = pool.pop(0)
-            self.selector.unregister(spare.pidfd)
             if spare.fits(request) and spare.hand_over(message):
+                self.selector.unregister(spare.pidfd)
                 return spare.pid, spare.pidfd
-            spare.discard()  # of another environment, or it died meanwhile
+            self._let_go(spare)  # of another environment, or it died meanwhile
         return None, None
 
     def _make_spare(self, request: dict) -> None:
         """Spares from now on are made like `request` on its GPU, with its number of ranks (the
         newest environment wins)."""
         key = _key(request)
-        if self.spares is not None and key[1] <= MAX_SPARE_RANKS:
-            self.spare_for[key] = request
-            self._top_up()
+        if self.spares is None or key[1] > MAX_SPARE_RANKS:
+            return
+        self.spare_for.pop(key, None)  # the newest last
+        self.spare_for[key] = request
+        ranked = [k for k in self.spare_for if k[1] > 1]
+        for old in ranked[: max(0, len(ranked) - RANK_SIZES)]:  # the oldest numbers of ranks
+            del self.spare_for[old]
+            for spare in list(self.spares.get(old, [])):
+                self._discard_spare(spare)
+        self._top_up()
 
     def _top_up(self) -> None:
         """Each pool up to SPARES (RANK_GROUPS for scenarios of ranks)."""
@@ -570,8 +626,19 @@ class _Server:
                 self.selector.register(spare.pidfd, selectors.EVENT_READ, spare)
 
     def _discard_spare(self, spare: _Spare) -> None:
-        self.selector.unregister(spare.pidfd)
         self.spares[spare.key].remove(spare)
+        self._let_go(spare)
+
+    def _let_go(self, spare: _Spare) -> None:
+        """A spare out of its pool: a coordinator of ranks is told (EOF), lets its ranks go and
+        reaps them, and is reaped when its exit comes; any other is killed and reaped now."""
+        if spare.key[1] > 1 and spare.fd is not None:
+            os.close(spare.fd)
+            spare.fd = None
+            self.selector.modify(spare.pidfd, selectors.EVENT_READ, _Orphan(spare.pid))
+            self.orphans.add(spare.pidfd)
+            return
+        self.selector.unregister(spare.pidfd)
         spare.discard()
 
     def _reaped(self, conn: _Connection, pidfd: int) -> None:

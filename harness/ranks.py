@@ -5,7 +5,8 @@ coordinator of its ranks (`coordinate`). Where it is a warm child (torch importe
 CUDA context, which is what the fork server makes, each rank is a fork of it (`_may_fork`:
 a context does not survive a fork, and none exists yet: each rank makes its own), or, where a
 warm cuda server made it as a spare coordinator, a child it was made with whose context is
-made already (the request's "rank_spares": each is handed its rank's request, `_hand_over`);
+made already (the request's RANK_SPARES: each is handed its rank's request by
+harness.forkserver.hand_over_rank, the module that reads it);
 else (a spawned child, a sanitizer run) a fresh interpreter that imports the project from the
 request's tree. Each rank joins the process group (`join`) and runs the scenario function with
 its rank in the Context, then writes its own report (harness.child.main). The ranks stay in the
@@ -54,7 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import lifetime
+from harness import forkserver, lifetime
 from harness.outcome import ChildExit, Outcome, classify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -277,21 +278,6 @@ class _Rank:
     leaving: bool = False  # its report written, its exit not seen yet
 
 
-def _hand_over(
-    spare: list[int], rank_request: dict, log: Path, env: dict[str, str]
-) -> _Forked | None:
-    """Give a rank spare (a child of this coordinator with its CUDA context made: a warm
-    server's, harness.forkserver) its rank's request; None when it died meanwhile."""
-    pid, fd = spare
-    message = {"root": str(ROOT), "log": str(log), "env": env, "request": rank_request}
-    try:
-        with os.fdopen(fd, "wb") as pipe:
-            pipe.write((json.dumps(message) + "\n").encode())
-    except OSError:
-        return None
-    return _Forked(pid)
-
-
 def _spawn(
     request: dict,
     spec: dict,
@@ -322,9 +308,10 @@ def _spawn(
         "coordinator": os.getpid(),
     }
     loopback = {name: os.environ.get(name, "lo") for name in SOCKET_ENV}  # loopback only
-    handed = spare and _hand_over(spare, rank_request, paths["log"], loopback)
-    if handed:
-        return _Rank(rank, handed, paths["log"], paths["report"], paths["trace"])
+    if spare is not None:  # its context made ahead (harness.forkserver reads this message)
+        pid = forkserver.hand_over_rank(spare, str(ROOT), str(paths["log"]), loopback, rank_request)
+        if pid is not None:
+            return _Rank(rank, _Forked(pid), paths["log"], paths["report"], paths["trace"])
     if _may_fork(spec):
         proc = _fork(rank_request, paths["log"], loopback, rank_main)
         return _Rank(rank, proc, paths["log"], paths["report"], paths["trace"])
@@ -366,30 +353,29 @@ class _Coordinator:
         self.order: list[int] = []  # ranks in the order their exits were seen
 
     def run(self) -> dict:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        faulthandler.unregister(signal.SIGUSR1)
-        signal.signal(signal.SIGUSR1, self._dump_stacks)
         spares = self._spares()
         try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            faulthandler.unregister(signal.SIGUSR1)
+            signal.signal(signal.SIGUSR1, self._dump_stacks)
             for rank in range(self.n):
                 args = (self.request, self.spec, rank, self.n, self.directory, self.rank_main)
-                self.ranks.append(_spawn(*args, spare=spares[rank] if spares else None))
+                self.ranks.append(_spawn(*args, spare=spares.pop(0) if spares else None))
             return self._watch()
         finally:  # the ranks still running are killed, not waited for (`reap`, after the report)
+            forkserver.let_go_ranks(spares, 0.0)  # any not handed over (the run broke first)
             self._kill_all()
             self._print_logs()
 
-    def _spares(self) -> list[list[int]] | None:
+    def _spares(self) -> list[list[int]]:
         """The rank spares this coordinator was made with (a warm cuda server's: each rank's
         context made ahead), where they fit this run: one per rank, and a rank may be a fork
         (no tool wraps the run). Any that do not fit are let go (EOF: each exits)."""
-        spares = self.request.get("rank_spares") or []
+        spares = self.request.get(forkserver.RANK_SPARES) or []
         if len(spares) == self.n and _may_fork(self.spec):
-            return spares
-        for _, fd in spares:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        return None
+            return list(spares)
+        forkserver.let_go_ranks(spares, 0.0)
+        return []
 
     def _watch(self) -> dict:
         failed_at = None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -12,7 +14,7 @@ import time
 import pytest
 
 from harness import device as devices
-from harness import forkserver, isolate, servers
+from harness import forkserver, isolate, lifetime, servers
 from harness.fixes import ALL_FIXES
 from harness.isolate import Isolator, Job
 from harness.outcome import Outcome
@@ -118,9 +120,18 @@ def _warm_cuda_client() -> servers.Server:
     return client
 
 
-def _request(client: servers.Server, directory, rid: int, env: dict, ranks: int = 1):
-    """(pid, report) of one request of tests.children:passes (of `ranks` ranks) in `directory`."""
-    job = Job("test", "passes", "tests.children:passes", ALL_FIXES, "cuda", 60, ranks=ranks)
+def _request(
+    client: servers.Server,
+    directory,
+    rid: int,
+    env: dict,
+    ranks: int = 1,
+    target: str = "passes",
+    device: str = "cuda",
+):
+    """(pid, report) of one request of a tests.children scenario (of `ranks` ranks on `device`)
+    in `directory`."""
+    job = Job("test", target, f"tests.children:{target}", ALL_FIXES, device, 60, ranks=ranks)
     directory.mkdir()
     request = {**job.request(directory), "env": env, "gpu": None}
     assert client.send({"id": rid, "root": str(procs.ROOT), "request": request})
@@ -175,13 +186,25 @@ def _rank_logs(directory) -> str:
     return "".join(p.read_text() for p in sorted((directory / "ranks").glob("rank-*.log")))
 
 
+def _gone(pids: set[int]) -> bool:
+    """None of `pids` is left, not even as a zombie."""
+    return not any(procs.Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+def _dead(pids: set[int]) -> bool:
+    """Each of `pids` has exited (a zombie, or gone)."""
+    entries = [procs.Path(f"/proc/{pid}") for pid in pids]
+    return all(not e.exists() or procs._zombie(e) for e in entries)
+
+
 def test_a_warm_cuda_server_keeps_coordinators_with_their_ranks_made(server_dir, tmp_path) -> None:
     """Once a scenario of N ranks came, a warm cuda server keeps RANK_GROUPS spare coordinators
     of N ranks, each with its N ranks forked ahead (their CUDA contexts made, no project
     imported): the next scenario of N ranks in that environment runs in one, each rank handed
-    its request, and its verdict is a fresh coordinator's; a scenario of another number of ranks
-    gets a fresh coordinator that forks its ranks. Here without a GPU the ranks say so
-    (skipped)."""
+    its request, with a fresh coordinator's verdict (a pass; a rank's crash). A rank spare that
+    died is replaced by a forked rank. A coordinator let go (another environment) reaps its
+    ranks: none is left, not even a zombie. A scenario of another number of ranks gets a fresh
+    coordinator. The ranks here are the CPU's (gloo): real verdicts, GPU or not."""
     client = _warm_cuda_client()
     env = servers.child_env()
 
@@ -192,22 +215,99 @@ def test_a_warm_cuda_server_keeps_coordinators_with_their_ranks_made(server_dir,
         ok = len(found) == forkserver.RANK_GROUPS and pid not in _children(client.pid)
         return found if ok else None
 
+    def run(rid: int, target: str = "passes", ranks: int = 2, environment: dict = env):
+        return _request(client, tmp_path / str(rid), rid, environment, ranks, target, "cpu")
+
     try:
-        first_pid, first = _request(client, tmp_path / "1", 1, env, ranks=2)
+        first_pid, first = run(1)
+        assert first["status"] == "pass", first
         assert "a rank spare" not in _rank_logs(tmp_path / "1"), "no coordinator was made yet"
         made = procs.wait_until(lambda: groups(first_pid), 60.0)
         assert made, f"no {forkserver.RANK_GROUPS} coordinators of 2 ranks: {_children(client.pid)}"
-        second_pid, second = _request(client, tmp_path / "2", 2, env, ranks=2)
+        second_pid, second = run(2, "rank_one_segfaults")
         assert second_pid in made, "a scenario of 2 ranks did not run in a spare coordinator"
         logs = _rank_logs(tmp_path / "2")
         assert logs.count("a rank spare made ahead of its request") == 2, logs
-        assert second["status"] == first["status"] in ("pass", "skipped"), (first, second)
-        third_pid, _ = _request(client, tmp_path / "3", 3, env, ranks=3)
-        assert third_pid not in _children(client.pid) | made
-        assert "a rank spare" not in _rank_logs(tmp_path / "3"), "3 ranks ran in spares of 2"
+        assert second.get("outcome") == "illegal_address", second
+        assert second["detail"].startswith("rank 1: illegal_address: killed by SIGSEGV"), second
+        made = procs.wait_until(lambda: groups(second_pid), 60.0)
+        assert made, f"the coordinators were not made again: {_children(client.pid)}"
+        ranks = {r for g in made for r in _children(g)}
+        for rank in ranks:  # every rank spare dies
+            os.kill(rank, signal.SIGKILL)
+        assert procs.wait_until(lambda: _dead(ranks), 30.0), "a killed rank spare lives on"
+        third_pid, third = run(3)
+        assert third_pid in made and third["status"] == "pass", third
+        assert "a rank spare" not in _rank_logs(tmp_path / "3"), "a dead rank spare was used"
+        made = procs.wait_until(lambda: groups(third_pid), 60.0)
+        assert made, f"the coordinators were not made again: {_children(client.pid)}"
+        ranks = {r for g in made for r in _children(g)}
+        fourth_pid, fourth = run(4, environment={**env, "REPRO_TEST_OTHER": "1"})
+        assert fourth_pid not in made and fourth["status"] == "pass", fourth
+        assert procs.wait_until(lambda: _gone(ranks | made), 30.0), "ranks of a coordinator let go"
+        fifth_pid, fifth = run(5, ranks=3)
+        assert fifth_pid not in made and fifth["status"] == "pass", fifth
+        assert "a rank spare" not in _rank_logs(tmp_path / "5"), "3 ranks ran in spares of 2"
+        # coordinators for the newest RANK_SIZES numbers of ranks only: 4 ranks drop those of 2
+        assert forkserver.RANK_SIZES == 2
+        _, sixth = run(6, ranks=4, environment={**env, "REPRO_TEST_OTHER": "1"})
+        assert sixth["status"] == "pass", sixth
+
+        def sizes() -> list[int]:
+            return sorted(len(_children(p)) for p in _children(client.pid) if _children(p))
+
+        want = [3] * forkserver.RANK_GROUPS + [4] * forkserver.RANK_GROUPS
+        assert procs.wait_until(lambda: sizes() == want, 60.0), sizes()
     finally:
         client.send({"stop": True})
         client.sock.close()
+
+
+def test_the_server_refuses_what_is_no_request_and_strips_a_clients_rank_spares() -> None:
+    """A request needs a dict spec, a GPU that is a string or none, a whole number of ranks;
+    the rank spares a spare coordinator adds to its own request are never a client's (their
+    pids would be killed, their descriptors written)."""
+    spec = {"target": "tests.children:passes", "fixes": [], "device": "cuda", "seed": 0}
+
+    def message(**request) -> bytes:
+        request = {"log": "/dev/null", "spec": spec, **request}
+        return json.dumps({"id": 1, "root": str(procs.ROOT), "request": request}).encode()
+
+    assert forkserver._message(message()) is not None
+    assert forkserver._message(message(gpu="1", spec={**spec, "ranks": 2})) is not None
+    for bad in ({"spec": "x"}, {"gpu": 1}, {"spec": {**spec, "ranks": "2"}}):
+        assert forkserver._message(message(**bad)) is None, bad
+    for bad in (2.0, True):
+        assert forkserver._message(message(spec={**spec, "ranks": bad})) is None, bad
+    stripped = forkserver._message(message(rank_spares=[[1, 2]]))
+    assert forkserver.RANK_SPARES not in stripped["request"]
+
+
+def test_rank_spares_let_go_exit_and_are_reaped() -> None:
+    """Rank spares handed no request (a coordinator let go, or a run that broke before its
+    ranks): EOF on each pipe; one that exits on it is reaped, one that does not is killed once
+    the wait is over. Here two stand-ins wait on their pipes as rank spares do."""
+
+    def spare(ignores_eof: bool) -> list[int]:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            lifetime.close_inherited_fds((0, 1, 2, read))  # as a rank spare: no other's pipe
+            os.read(read, 1)  # EOF
+            while ignores_eof:
+                time.sleep(0.05)
+            os._exit(0)
+        os.close(read)
+        return [pid, write]
+
+    polite, stubborn = spare(False), spare(True)
+    started = time.monotonic()
+    forkserver.let_go_ranks([polite, stubborn], 1.0)
+    assert time.monotonic() - started >= 1.0, "the stubborn spare was not waited for"
+    with pytest.raises(ChildProcessError):  # reaped already
+        os.waitpid(polite[0], os.WNOHANG)
+    _, status = os.waitpid(stubborn[0], 0)  # killed: its coordinator's exit would reap it
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
 
 
 def test_a_gone_clients_leaving_child_does_not_hold_the_server_up() -> None:
