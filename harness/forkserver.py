@@ -494,17 +494,7 @@ class _Server:
         for idle_s or until `listening()` (its socket file is there) turns false."""
         while not self.stopping:
             for key, _ in self.selector.select(timeout=1.0 if listening else None):
-                if key.data == "listener":
-                    self._accept()
-                elif isinstance(key.data, _Connection):
-                    if key.data in self.connections:  # not dropped earlier in this round
-                        self._read(key.data)
-                elif isinstance(key.data, _Spare):  # it exited unused
-                    self._discard_spare(key.data)
-                elif isinstance(key.data, _Orphan):
-                    self._reap_orphan(key.fd)
-                elif key.data[1] in key.data[0].children:
-                    self._reaped(*key.data)
+                self._event(key)
             if listening is None and not self.connections:
                 return  # a private server: its one client is gone
             if listening is not None and self._should_exit(idle_s, listening):
@@ -516,6 +506,22 @@ class _Server:
                 self._discard_spare(spare)
         for pidfd in list(self.orphans):  # the server leaves last
             self._reap_orphan(pidfd)
+
+    def _event(self, key: selectors.SelectorKey) -> None:
+        """One ready descriptor of a round; an event made stale earlier in the round (its
+        connection dropped, its spare taken or let go) is passed over."""
+        if key.data == "listener":
+            self._accept()
+        elif isinstance(key.data, _Connection):
+            if key.data in self.connections:
+                self._read(key.data)
+        elif isinstance(key.data, _Spare):  # it exited unused
+            if key.data in (self.spares or {}).get(key.data.key, []):
+                self._discard_spare(key.data)
+        elif isinstance(key.data, _Orphan):
+            self._reap_orphan(key.fd)
+        elif key.data[1] in key.data[0].children:
+            self._reaped(*key.data)
 
     def _reap_orphan(self, pidfd: int) -> None:
         pid = self.selector.get_key(pidfd).data

@@ -283,6 +283,25 @@ def test_the_server_refuses_what_is_no_request_and_strips_a_clients_rank_spares(
     assert forkserver.RANK_SPARES not in stripped["request"]
 
 
+def test_a_spares_event_made_stale_in_its_round_is_passed_over() -> None:
+    """A spare that exits while a request of the same round takes it or lets it go: its exit
+    event, already read, must not be handled as an unused spare's (it was, and the server
+    died of the ValueError). Here the server's own spares, made without a GPU, stand in."""
+    server = forkserver._Server(forkserver.installed_versions(), spares=True)
+    try:
+        server._make_spare({"env": dict(os.environ)})
+        spare = server.spares[(None, 1)][0]
+        stale = server.selector.get_key(spare.pidfd)
+        server._discard_spare(spare)  # earlier in the round: let go
+        server._event(stale)  # then its exit's event, read before
+        assert spare not in server.spares[(None, 1)]
+    finally:
+        server.spare_for.clear()
+        for pool in server.spares.values():
+            for other in list(pool):
+                server._discard_spare(other)
+
+
 def test_rank_spares_let_go_exit_and_are_reaped() -> None:
     """Rank spares handed no request (a coordinator let go, or a run that broke before its
     ranks): EOF on each pipe; one that exits on it is reaped, one that does not is killed once
