@@ -64,6 +64,7 @@ import traceback
 from collections.abc import Callable
 
 from harness import lifetime
+from harness.ranks import RANK_SPARES  # the hand-over _rank_spare_main reads is that module's
 from harness.userdir import UserDirectory, peer
 
 PROJECT_PACKAGES = ("harness", "kernels", "repro", "tests")
@@ -74,7 +75,6 @@ SPARES = 8  # spare children per GPU of a warm cuda server (a check's scenarios 
 RANK_GROUPS = 2  # spare coordinators per number of ranks a request had (a scenario, its twin)
 MAX_SPARE_RANKS = 8  # a scenario of more ranks gets no spare coordinators (contexts held idle)
 RANK_SIZES = 2  # spare coordinators for the newest this many numbers of ranks only (contexts)
-RANK_SPARES = "rank_spares"  # a spare coordinator's request: [[pid, write fd]] of its ranks
 LET_GO_S = 10.0  # a spare coordinator let go: its ranks' time to exit before they are killed
 MAX_LINE = 1 << 20  # a request longer than this is no request
 SEND_S = 5.0  # a peer that does not take a message within this long is dropped
@@ -230,7 +230,7 @@ def _group_main(request: dict, server_pid: int, fd: int, ranks: int) -> None:
             message = json.loads(line)
             message["request"][RANK_SPARES] = spares
             _run(message, time.monotonic())
-        let_go_ranks(spares, LET_GO_S)
+        lifetime.let_go(spares, LET_GO_S)
     except BaseException:  # as _child's: its log (if it got that far) says why
         traceback.print_exc()
     finally:
@@ -247,9 +247,9 @@ def _fork_rank_spare(rank: int) -> list[int]:
 
 def _rank_spare_main(rank: int, coordinator: int, fd: int) -> None:
     """A rank spare: its CUDA context made on the GPU rank `rank` will use (harness.ranks.join:
-    rank mod the GPU count), then the message its coordinator writes to `fd` ({"root", "log",
-    "env", "request"}), run as harness.ranks would run a forked rank; EOF: not needed. It stays
-    in its coordinator's session: the run's kill reaches it."""
+    rank mod the GPU count), then the message its coordinator writes to `fd` (harness.ranks
+    _hand_over: {"root", "log", "env", "request"}), run as harness.ranks would run a forked rank;
+    EOF: not needed. It stays in its coordinator's session: the run's kill reaches it."""
     line, context = b"", "not made"
     try:
         lifetime.die_with_parent(coordinator)
@@ -280,41 +280,6 @@ def _rank_spare_main(rank: int, coordinator: int, fd: int) -> None:
         traceback.print_exc()
     finally:
         os._exit(70 if line.endswith(b"\n") else 0)
-
-
-def hand_over_rank(spare: list[int], root: str, log: str, env: dict, request: dict) -> int | None:
-    """In a spare coordinator (harness.ranks): give a rank spare its rank's request, which it
-    runs as a forked rank would (_rank_spare_main reads this message); its pid, or None when it
-    died meanwhile. Its pipe is closed either way."""
-    pid, fd = spare
-    message = {"root": root, "log": log, "env": env, "request": request}
-    try:
-        with os.fdopen(fd, "wb") as pipe:
-            pipe.write((json.dumps(message) + "\n").encode())
-    except OSError:
-        return None
-    return pid
-
-
-def let_go_ranks(spares: list[list[int]], wait_s: float) -> None:
-    """Rank spares handed no request: EOF on each pipe (each exits once its context is made),
-    each reaped; one not gone within `wait_s` is killed and left to its coordinator's exit."""
-    for _, fd in spares:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    deadline = time.monotonic() + wait_s
-    for pid, _ in spares:
-        while True:
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    break
-            except ChildProcessError:
-                break
-            if time.monotonic() > deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                break
-            time.sleep(0.02)
 
 
 def _warm_context(torch) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import time
 
 PR_SET_PDEATHSIG = 1
 # A child's own time limit fires a little after the parent's: the parent kills first when it
@@ -45,3 +46,25 @@ def close_inherited_fds(keep: tuple[int, ...] = (0, 1, 2)) -> None:
         if fd not in keep:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def let_go(children: list[list[int]], wait_s: float) -> None:
+    """Children of this process waiting on a pipe for a request ([pid, write end] each), handed
+    none: EOF on each pipe, each reaped; one not gone within `wait_s` is killed and left to
+    this process's exit (one stuck in the driver)."""
+    for _, fd in children:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    deadline = time.monotonic() + wait_s
+    for pid, _ in children:
+        while True:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+            except ChildProcessError:
+                break
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                break
+            time.sleep(0.02)

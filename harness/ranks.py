@@ -5,8 +5,7 @@ coordinator of its ranks (`coordinate`). Where it is a warm child (torch importe
 CUDA context, which is what the fork server makes, each rank is a fork of it (`_may_fork`:
 a context does not survive a fork, and none exists yet: each rank makes its own), or, where a
 warm cuda server made it as a spare coordinator, a child it was made with whose context is
-made already (the request's RANK_SPARES: each is handed its rank's request by
-harness.forkserver.hand_over_rank, the module that reads it);
+made already (the request's RANK_SPARES: each is handed its rank's request, `_hand_over`);
 else (a spawned child, a sanitizer run) a fresh interpreter that imports the project from the
 request's tree. Each rank joins the process group (`join`) and runs the scenario function with
 its rank in the Context, then writes its own report (harness.child.main). The ranks stay in the
@@ -55,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import forkserver, lifetime
+from harness import lifetime
 from harness.outcome import ChildExit, Outcome, classify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,6 +72,7 @@ CAUSE_WAIT_S = 2.0  # after a rank's collective lost its peer: the others' time 
 PG_TIMEOUT_GRACE_S = 30.0  # the process group's timeout is past the run's own limit
 DUMP_WAIT_S = 0.3  # after forwarding SIGUSR1, time for the ranks to write their stacks
 REAP_S = 10.0  # a rank stuck in the driver (leaving or killed): give up on its exit status
+RANK_SPARES = "rank_spares"  # a spare coordinator's request: [[pid, write fd]] of its ranks
 
 
 # -- traces -------------------------------------------------------------------------------------
@@ -278,6 +278,21 @@ class _Rank:
     leaving: bool = False  # its report written, its exit not seen yet
 
 
+def _hand_over(spare: list[int], rank_request: dict, log: Path, env: dict[str, str]) -> bool:
+    """Give a rank spare (a child of this coordinator with its context made ahead: a warm cuda
+    server's, harness.forkserver's _rank_spare_main reads this) its rank's request; False
+    when it died meanwhile. Its pipe is closed either way. (The server imports this module:
+    a tree whose copy differs replaces the server, so writer and reader always agree.)"""
+    fd = spare[1]
+    message = {"root": str(ROOT), "log": str(log), "env": env, "request": rank_request}
+    try:
+        with os.fdopen(fd, "wb") as pipe:
+            pipe.write((json.dumps(message) + "\n").encode())
+    except OSError:
+        return False
+    return True
+
+
 def _spawn(
     request: dict,
     spec: dict,
@@ -308,10 +323,8 @@ def _spawn(
         "coordinator": os.getpid(),
     }
     loopback = {name: os.environ.get(name, "lo") for name in SOCKET_ENV}  # loopback only
-    if spare is not None:  # its context made ahead (harness.forkserver reads this message)
-        pid = forkserver.hand_over_rank(spare, str(ROOT), str(paths["log"]), loopback, rank_request)
-        if pid is not None:
-            return _Rank(rank, _Forked(pid), paths["log"], paths["report"], paths["trace"])
+    if spare is not None and _hand_over(spare, rank_request, paths["log"], loopback):
+        return _Rank(rank, _Forked(spare[0]), paths["log"], paths["report"], paths["trace"])
     if _may_fork(spec):
         proc = _fork(rank_request, paths["log"], loopback, rank_main)
         return _Rank(rank, proc, paths["log"], paths["report"], paths["trace"])
@@ -363,7 +376,7 @@ class _Coordinator:
                 self.ranks.append(_spawn(*args, spare=spares.pop(0) if spares else None))
             return self._watch()
         finally:  # the ranks still running are killed, not waited for (`reap`, after the report)
-            forkserver.let_go_ranks(spares, 0.0)  # any not handed over (the run broke first)
+            lifetime.let_go(spares, 0.0)  # any not handed over (the run broke first)
             self._kill_all()
             self._print_logs()
 
@@ -371,10 +384,10 @@ class _Coordinator:
         """The rank spares this coordinator was made with (a warm cuda server's: each rank's
         context made ahead), where they fit this run: one per rank, and a rank may be a fork
         (no tool wraps the run). Any that do not fit are let go (EOF: each exits)."""
-        spares = self.request.get(forkserver.RANK_SPARES) or []
+        spares = self.request.get(RANK_SPARES) or []
         if len(spares) == self.n and _may_fork(self.spec):
             return list(spares)
-        forkserver.let_go_ranks(spares, 0.0)
+        lifetime.let_go(spares, 0.0)
         return []
 
     def _watch(self) -> dict:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from harness import device as devices
-from harness import forkserver, isolate, lifetime, servers
+from harness import forkserver, isolate, lifetime, ranks, servers
 from harness.fixes import ALL_FIXES
 from harness.isolate import Isolator, Job
 from harness.outcome import Outcome
@@ -232,19 +232,19 @@ def test_a_warm_cuda_server_keeps_coordinators_with_their_ranks_made(server_dir,
         assert second["detail"].startswith("rank 1: illegal_address: killed by SIGSEGV"), second
         made = procs.wait_until(lambda: groups(second_pid), 60.0)
         assert made, f"the coordinators were not made again: {_children(client.pid)}"
-        ranks = {r for g in made for r in _children(g)}
-        for rank in ranks:  # every rank spare dies
+        spares = {r for g in made for r in _children(g)}
+        for rank in spares:  # every rank spare dies
             os.kill(rank, signal.SIGKILL)
-        assert procs.wait_until(lambda: _dead(ranks), 30.0), "a killed rank spare lives on"
+        assert procs.wait_until(lambda: _dead(spares), 30.0), "a killed rank spare lives on"
         third_pid, third = run(3)
         assert third_pid in made and third["status"] == "pass", third
         assert "a rank spare" not in _rank_logs(tmp_path / "3"), "a dead rank spare was used"
         made = procs.wait_until(lambda: groups(third_pid), 60.0)
         assert made, f"the coordinators were not made again: {_children(client.pid)}"
-        ranks = {r for g in made for r in _children(g)}
+        spares = {r for g in made for r in _children(g)}
         fourth_pid, fourth = run(4, environment={**env, "REPRO_TEST_OTHER": "1"})
         assert fourth_pid not in made and fourth["status"] == "pass", fourth
-        assert procs.wait_until(lambda: _gone(ranks | made), 30.0), "ranks of a coordinator let go"
+        assert procs.wait_until(lambda: _gone(spares | made), 30.0), "ranks of a coordinator let go"
         fifth_pid, fifth = run(5, ranks=3)
         assert fifth_pid not in made and fifth["status"] == "pass", fifth
         assert "a rank spare" not in _rank_logs(tmp_path / "5"), "3 ranks ran in spares of 2"
@@ -280,7 +280,7 @@ def test_the_server_refuses_what_is_no_request_and_strips_a_clients_rank_spares(
     for bad in (2.0, True):
         assert forkserver._message(message(spec={**spec, "ranks": bad})) is None, bad
     stripped = forkserver._message(message(rank_spares=[[1, 2]]))
-    assert forkserver.RANK_SPARES not in stripped["request"]
+    assert ranks.RANK_SPARES not in stripped["request"]
 
 
 def test_a_spares_event_made_stale_in_its_round_is_passed_over() -> None:
@@ -321,7 +321,7 @@ def test_rank_spares_let_go_exit_and_are_reaped() -> None:
 
     polite, stubborn = spare(False), spare(True)
     started = time.monotonic()
-    forkserver.let_go_ranks([polite, stubborn], 1.0)
+    lifetime.let_go([polite, stubborn], 1.0)
     assert time.monotonic() - started >= 1.0, "the stubborn spare was not waited for"
     with pytest.raises(ChildProcessError):  # reaped already
         os.waitpid(polite[0], os.WNOHANG)
