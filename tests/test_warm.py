@@ -302,6 +302,17 @@ def test_a_spares_event_made_stale_in_its_round_is_passed_over() -> None:
                 server._discard_spare(other)
 
 
+def test_the_server_runs_the_writer_of_its_rank_spares_message() -> None:
+    """harness.ranks writes the message a rank spare of the server reads (_rank_spare_main):
+    the server imports that module, so it is among the sources a client compares with its
+    tree, and a tree whose writer differs replaces the server rather than talk past it."""
+    code = "from harness import forkserver; print(*sorted(forkserver.own_sources()))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=procs.ROOT, capture_output=True, text=True, check=True
+    )
+    assert "harness/ranks.py" in done.stdout.split(), done.stdout
+
+
 def test_rank_spares_let_go_exit_and_are_reaped() -> None:
     """Rank spares handed no request (a coordinator let go, or a run that broke before its
     ranks): EOF on each pipe; one that exits on it is reaped, one that does not is killed once
