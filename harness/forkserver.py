@@ -64,7 +64,7 @@ import traceback
 from collections.abc import Callable
 
 from harness import lifetime
-from harness.ranks import RANK_SPARES  # the hand-over _rank_spare_main reads is that module's
+from harness.ranks import RANK_SPARES, enter_rank  # the rank spares' hand-over is that module's
 from harness.userdir import UserDirectory, peer
 
 PROJECT_PACKAGES = ("harness", "kernels", "repro", "tests")
@@ -195,7 +195,7 @@ def _child(message: dict, server_pid: int) -> None:
 def _spare_main(request: dict, server_pid: int, fd: int) -> None:
     """A spare child: detach as `request` would, create the CUDA context, then run the message
     the server writes to `fd` (EOF: not needed after all); never returns."""
-    line = b""
+    message = None
     try:
         _detach(request, server_pid, keep=(fd,))  # closes the server's end of the pipe
         with contextlib.suppress(Exception):  # a child that cannot init CUDA says so itself
@@ -204,14 +204,13 @@ def _spare_main(request: dict, server_pid: int, fd: int) -> None:
             torch.cuda.init()
             torch.cuda.synchronize()  # the primary context; the caching allocator untouched
             _warm_context(torch)
-        with os.fdopen(fd, "rb") as pipe:
-            line = pipe.readline()
-        if line.endswith(b"\n"):
-            _run(json.loads(line), time.monotonic())
+        message = lifetime.wait_for(fd)
+        if message is not None:
+            _run(message, time.monotonic())
     except BaseException:  # as _child's: its log (if it got that far) says why
         traceback.print_exc()
     finally:
-        os._exit(70 if line.endswith(b"\n") else 0)
+        os._exit(70 if message is not None else 0)
 
 
 def _group_main(request: dict, server_pid: int, fd: int, ranks: int) -> None:
@@ -220,21 +219,20 @@ def _group_main(request: dict, server_pid: int, fd: int, ranks: int) -> None:
     where one died), then run the message the server writes to `fd` with the ranks' pids and
     pipes in its request (RANK_SPARES: harness.ranks hands each its rank's request). EOF: not
     needed; it lets its ranks go and reaps them before it exits (no zombie left to PID 1)."""
-    line, spares = b"", []
+    message = None
     try:
         _detach(request, server_pid, keep=(fd,))
         spares = [_fork_rank_spare(rank) for rank in range(ranks)]
-        with os.fdopen(fd, "rb") as pipe:
-            line = pipe.readline()
-        if line.endswith(b"\n"):
-            message = json.loads(line)
+        message = lifetime.wait_for(fd)
+        if message is None:
+            lifetime.let_go(spares, LET_GO_S)
+        else:
             message["request"][RANK_SPARES] = spares
             _run(message, time.monotonic())
-        lifetime.let_go(spares, LET_GO_S)
     except BaseException:  # as _child's: its log (if it got that far) says why
         traceback.print_exc()
     finally:
-        os._exit(70 if line.endswith(b"\n") else 0)
+        os._exit(70 if message is not None else 0)
 
 
 def _fork_rank_spare(rank: int) -> list[int]:
@@ -250,7 +248,7 @@ def _rank_spare_main(rank: int, coordinator: int, fd: int) -> None:
     rank mod the GPU count), then the message its coordinator writes to `fd` (harness.ranks
     _hand_over: {"root", "log", "env", "request"}), run as harness.ranks would run a forked rank;
     EOF: not needed. It stays in its coordinator's session: the run's kill reaches it."""
-    line, context = b"", "not made"
+    message, context = None, "not made"
     try:
         lifetime.die_with_parent(coordinator)
         lifetime.close_inherited_fds((0, 1, 2, fd))  # the other ranks' pipes: their EOF
@@ -261,16 +259,9 @@ def _rank_spare_main(rank: int, coordinator: int, fd: int) -> None:
             torch.cuda.synchronize()
             _warm_context(torch)
             context = f"made on GPU {torch.cuda.current_device()}"
-        with os.fdopen(fd, "rb") as pipe:
-            line = pipe.readline()
-        if line.endswith(b"\n"):
-            message = json.loads(line)
-            log = os.open(message["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.close(log)
-            os.environ.update(message["env"])
-            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        message = lifetime.wait_for(fd)
+        if message is not None:
+            enter_rank(message["log"], message["env"])  # as a forked rank starts
             print(f"rank {rank}: a rank spare made ahead of its request (CUDA context: {context})")
             _fresh_project(message["root"])
             from harness.child import spawned_rank
@@ -279,7 +270,7 @@ def _rank_spare_main(rank: int, coordinator: int, fd: int) -> None:
     except BaseException:  # as _child's: its log (if it got that far) says why
         traceback.print_exc()
     finally:
-        os._exit(70 if line.endswith(b"\n") else 0)
+        os._exit(70 if message is not None else 0)
 
 
 def _warm_context(torch) -> None:
@@ -327,13 +318,8 @@ class _Spare:
 
     def hand_over(self, message: dict) -> bool:
         """Write it the message (then it runs it); False when it died meanwhile."""
-        pipe, self.fd = os.fdopen(self.fd, "wb"), None
-        try:
-            with pipe:
-                pipe.write((json.dumps(message) + "\n").encode())
-        except OSError:
-            return False
-        return True
+        fd, self.fd = self.fd, None
+        return lifetime.hand_over(fd, message)
 
     def discard(self) -> None:
         if self.fd is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import time
@@ -46,6 +47,25 @@ def close_inherited_fds(keep: tuple[int, ...] = (0, 1, 2)) -> None:
         if fd not in keep:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def hand_over(fd: int, message: dict) -> bool:
+    """Write a child waiting on a pipe its request, one JSON line, and close the pipe; False
+    when the child died meanwhile."""
+    try:
+        with os.fdopen(fd, "wb") as pipe:
+            pipe.write((json.dumps(message) + "\n").encode())
+    except OSError:
+        return False
+    return True
+
+
+def wait_for(fd: int) -> dict | None:
+    """In a child waiting on a pipe: the request its parent writes (hand_over), or None at EOF
+    (not needed after all)."""
+    with os.fdopen(fd, "rb") as pipe:
+        line = pipe.readline()
+    return json.loads(line) if line.endswith(b"\n") else None
 
 
 def let_go(children: list[list[int]], wait_s: float) -> None:

@@ -254,17 +254,26 @@ def _fork(rank_request: dict, log: Path, env: dict[str, str], rank_main: RankMai
     pid = os.fork()
     if pid:
         return _Forked(pid)
-    try:  # the rank: its output to its log, the coordinator's handlers undone, then main
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.environ.update(env)
-        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        enter_rank(str(log), env)
         rank_main(json.dumps(rank_request))
     finally:
         os._exit(70)  # main never returns; an exception before it: the rank failed
+
+
+def enter_rank(log: str, env: dict[str, str]) -> None:
+    """The start of a rank process, forked here or a rank spare (harness.forkserver): its
+    output to its log, no input, the loopback environment, the coordinator's SIGUSR1 handler
+    undone."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(fd)
+    os.close(null)
+    os.environ.update(env)
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 
 @dataclass(eq=False, slots=True)
@@ -283,14 +292,8 @@ def _hand_over(spare: list[int], rank_request: dict, log: Path, env: dict[str, s
     server's, harness.forkserver's _rank_spare_main reads this) its rank's request; False
     when it died meanwhile. Its pipe is closed either way. (The server imports this module:
     a tree whose copy differs replaces the server, so writer and reader always agree.)"""
-    fd = spare[1]
     message = {"root": str(ROOT), "log": str(log), "env": env, "request": rank_request}
-    try:
-        with os.fdopen(fd, "wb") as pipe:
-            pipe.write((json.dumps(message) + "\n").encode())
-    except OSError:
-        return False
-    return True
+    return lifetime.hand_over(spare[1], message)
 
 
 def _spawn(
