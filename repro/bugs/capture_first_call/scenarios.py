@@ -12,7 +12,7 @@ from repro.bugs.lazy_attn_state.scenarios import decode_steps, lora_case_decode_
 
 def full_decode_capture(ctx: Context) -> str:
     """FULL_AND_PIECEWISE capture (FULL decode graphs of 4 and 8 requests), then decode steps:
-    replay vs an eager step vs the dense float64 reference.
+    replay vs the dense float64 reference (and vs an eager step where they differ).
 
     Each path tunes on its first call per size (host syncs). Fixed: after the eager warm-up,
     a capture-compatible function (warmup=False) runs once eagerly on a disposable state, so

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 
 from harness.fixes import Fix
-from harness.oracle import close, expect_all, mismatch, step_problems
+from harness.oracle import close, expect_all, mismatch, replay_problems
 from harness.record import Context
 from harness.reference import step_reference
 from harness.runner.cudagraph import CUDAGraphMode
@@ -46,22 +46,20 @@ def lora_runner(ctx: Context, **config) -> ModelRunner:
 
 
 def check_batches(runner: ModelRunner) -> list[str | None]:
-    """Every batch of BATCHES: graph replay vs eager vs the dense reference; and which LoRA
-    kernels the graphs hold, when something diverged."""
+    """Every batch of BATCHES: graph replay vs the dense reference (and vs eager, where they
+    differ: `replay_problems`); and which LoRA kernels the graphs hold, when something
+    diverged."""
     problems = []
     for label, requests in BATCHES:
         replay = runner.execute_model(list(requests))
         graph = replay.desc
         replay = type(replay)(replay.hidden_states.clone(), replay.logits.clone(), None, graph)
-        eager = runner.execute_model(list(requests), use_cudagraph=False)
-        reference = step_reference(runner, list(requests))
-        found = step_problems(
+        problems += replay_problems(
             f"{label} ({graph and graph.cg_mode.value} {graph and graph.num_tokens})",
-            eager,
-            reference,
             replay,
+            step_reference(runner, list(requests)),
+            lambda: runner.execute_model(list(requests), use_cudagraph=False),  # noqa: B023
         )
-        problems += found
     if any(problems):
         graphs = runner.cudagraph_manager.graphs
         captured = sorted({n for g in graphs.values() for n in g.launches if "lora" in n})
@@ -134,16 +132,16 @@ def capture_and_check(ctx: Context, before: Callable[[ModelRunner], object], **c
     expect_all(check_batches(runner))
     graphs = runner.cudagraph_manager.graphs
     captured = sorted({n for g in graphs.values() for n in g.launches if "lora" in n})
-    return f"{len(graphs)} graphs, {len(BATCHES)} batches: replay == eager ~ reference; {captured}"
+    return f"{len(graphs)} graphs, {len(BATCHES)} batches: replay ~ reference; {captured}"
 
 
 def capture_without_dummy_run(ctx: Context) -> str:
     """CUDA-graph capture straight after loading the adapters: no dummy run came first.
 
     capture_model's LoRA capture hook sets the dummy LoRA state itself, then every FULL graph
-    (4, 8 tokens) is captured on it; real batches follow. Fixed: replay == eager ~
-    reference. Without lora_dummy_mapping: the capture's warm-up runs the LoRA embedding on
-    the unset (poisoned) metadata: device-side assert on the GPU, IndexError on the CPU.
+    (4, 8 tokens) is captured on it; real batches follow. Fixed: replay ~ reference. Without
+    lora_dummy_mapping: the capture's warm-up runs the LoRA embedding on the unset (poisoned)
+    metadata: device-side assert on the GPU, IndexError on the CPU.
     Without lora_capture_launch: the graphs hold no LoRA kernel: wrong result.
     """
     return capture_and_check(ctx, lambda runner: None, cudagraph_mode=CUDAGraphMode.FULL)

@@ -31,6 +31,8 @@ def _scenario(name: str, why_assert: str) -> Scenario:
     )
     mode = "PIECEWISE" if name == "piecewise_graphs" else "FULL"
     axes = dataclasses.replace(CAPTURE_AXES, graph_modes=(mode,))
+    if name == "specialized_graphs":  # one size, 8 tokens, per LoRA case: every batch on it
+        axes = dataclasses.replace(axes, capture_sizes=(8,), steps_per_size=3)
     return Scenario(
         name,
         rules,

@@ -23,8 +23,9 @@ def full_graphs(ctx: Context) -> str:
     """Warm-up dummy run -> FULL capture (4, 8 tokens) -> real LoRA batches.
 
     Batches, in a row, one per graph: all tokens on adapter 1; base + adapter 1 + adapter 2;
-    adapter 2 and base. Each: replay vs eager vs the dense float64 reference, hidden states of
-    every token and the logits of every request (LM-head LoRA through the prompt mapping).
+    adapter 2 and base. Each: replay vs the dense float64 reference (and vs eager where they
+    differ), hidden states of every token and the logits of every request (LM-head LoRA
+    through the prompt mapping).
     Fixed: all match. Buggy: the all-(-1) dummy mapping set no_lora_flag_cpu, the host wrappers
     returned during capture, replays miss every LoRA delta (wrong result) and the graphs hold no
     LoRA kernel. With lora_dummy_mapping off too, the warm-up dummy run already fails with the
@@ -41,12 +42,17 @@ def piecewise_graphs(ctx: Context) -> str:
 
 
 def specialized_graphs(ctx: Context) -> str:
-    """FULL graphs per active-LoRA count (specialize_active_lora): the kernels launch
-    num_active_loras_cpu LoRA programs, and a batch replays the graph of its count (its
-    adapters plus one for the base model: 2 or 3). Fixed: the capture hook sets each active
-    meta to the case's count; all match. Buggy: no_lora_flag_cpu set, nothing captured: wrong
-    result. A fix that clears the flag but leaves num_active_loras_cpu at 0 fails here too:
-    zero LoRA programs are captured."""
+    """FULL graphs of 8 tokens per active-LoRA count (specialize_active_lora): the kernels
+    launch num_active_loras_cpu LoRA programs, and a batch replays the graph of its count (its
+    adapters plus one for the base model: 2 or 3). One size: the sizes are full_graphs' concern
+    (a second size doubled this scenario's capture, 2026-11-29). Fixed: the capture hook sets
+    each active meta to the case's count; all match. Buggy: no_lora_flag_cpu set, nothing
+    captured: wrong result. A fix that clears the flag but leaves num_active_loras_cpu at 0
+    fails here too: zero LoRA programs are captured."""
     return capture_and_check(
-        ctx, _warm_up, cudagraph_mode=CUDAGraphMode.FULL, specialize_active_lora=True
+        ctx,
+        _warm_up,
+        cudagraph_mode=CUDAGraphMode.FULL,
+        specialize_active_lora=True,
+        cudagraph_sizes=(8,),
     )
