@@ -129,6 +129,35 @@ def rank_one_raises_rank_zero_lingers(ctx: Context) -> str:
     return "rank 0 ended"
 
 
+def host_collectives_on_twins(ctx: Context) -> str:
+    """Two DP ranks whose backend claims to be NCCL (as with one GPU per rank): Collectives
+    makes a gloo twin of each group, and a host tensor's all-reduce goes over it (under a real
+    NCCL a host tensor on the NCCL group fails). Under gloo the groups are their own twins."""
+    from unittest import mock
+
+    import torch
+    import torch.distributed as dist
+
+    from harness.runner.parallel import Collectives, ParallelConfig
+
+    parallel = ParallelConfig(world_size=2, rank=ctx.rank, data_parallel_size=2)
+    plain = Collectives(parallel, "cpu")
+    if plain._host_groups != plain._groups or plain._groups["dp"] is not None:
+        raise WrongResult(f"gloo: host groups {plain._host_groups}, groups {plain._groups}")
+    with mock.patch.object(dist, "get_backend", return_value="nccl"):
+        twins = Collectives(parallel, "cpu")
+    twin = twins._host_groups["dp"]
+    if twins._groups["dp"] is not None or twin is None or dist.get_backend(twin) != "gloo":
+        raise WrongResult(f"NCCL: host groups {twins._host_groups}, groups {twins._groups}")
+    seen = []
+    issue = dist.all_reduce
+    with mock.patch.object(dist, "all_reduce", lambda t, **kw: seen.append(kw) or issue(t, **kw)):
+        counts = twins.all_reduce(torch.tensor([ctx.rank + 1, 10 * (ctx.rank + 1)]))
+    if counts.tolist() != [3, 30] or seen[0]["group"] is not twin:
+        raise WrongResult(f"all-reduce {counts.tolist()} over {seen}")
+    return "host tensors over the gloo twins"
+
+
 def ranks_hang(ctx: Context) -> str:
     """Every rank hangs in Python (no collective): the run's limit ends it."""
     while True:

@@ -134,6 +134,14 @@ def test_ranks_are_decided_by_their_reports_not_by_their_exits() -> None:
     assert procs.wait_until(lambda: not any(procs.alive(p) for p in pids), 10.0)
 
 
+def test_host_tensors_take_the_gloo_twin_of_an_nccl_group() -> None:
+    """Upstream's batch metadata goes over a gloo cpu_group; under NCCL (one GPU per rank)
+    Collectives makes those twins. Run here on gloo ranks whose backend claims NCCL."""
+    with Isolator() as iso:
+        result = iso.run(_ranks_job("host_collectives_on_twins", 120))
+    assert result.outcome == Outcome.PASS, result.evidence
+
+
 def test_a_hang_of_ranks_is_a_timeout_with_every_rank_stack() -> None:
     with Isolator() as iso:
         # ranks forked from the warm coordinator reach the hang in about a second: 12 s is the

@@ -91,7 +91,8 @@ class DataParallelEngine:
 
     def step(self, requests: list[Request], unfinished: int) -> tuple[ModelOutput, int]:
         """The step's output and the unfinished requests across the ranks."""
-        count = torch.tensor([unfinished], dtype=torch.int32, device=self.runner.device)
+        # a host tensor, as upstream's ParallelConfig.has_unfinished_dp
+        count = torch.tensor([unfinished], dtype=torch.int32)
         self.collectives.all_reduce(count, "dp")
         out = self.runner.execute_model(requests, use_cudagraph=False)
         self.collectives.end_step()

@@ -524,13 +524,14 @@ class ModelRunner:
 
     def _coordinate_dp(self, num_tokens: int) -> None:
         """Agree with the other DP ranks on each one's token count (an all-reduce of one
-        count per DP rank; upstream: coordinate_batch_across_dp, whose result pads the ranks'
-        batches alike). Every DP rank must join it on every step."""
+        count per DP rank, a host tensor: upstream's goes over the DP group's cpu_group,
+        get_num_tokens_across_dp; its result pads the ranks' batches alike). Every DP rank must
+        join it on every step."""
         p = self.config.parallel
         if p.data_parallel_size == 1:
             self.num_tokens_across_dp = None
             return
-        counts = torch.zeros(p.data_parallel_size, dtype=torch.int32, device=self.device)
+        counts = torch.zeros(p.data_parallel_size, dtype=torch.int32)
         counts[p.dp_rank] = num_tokens
         self.collectives.all_reduce(counts, "dp")
         self.num_tokens_across_dp = counts.tolist()

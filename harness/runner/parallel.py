@@ -7,6 +7,11 @@ first recorded in the rank's trace (one JSON line, flushed: step, op, group, sha
 then issued, so that the coordinator of the ranks (harness.ranks) sees which collective each
 rank waits in, and which a rank skipped, without waiting for the backend's timeout.
 
+A collective of a host tensor goes over the host groups, as upstream's batch metadata goes
+over each group's cpu_group (gloo) "to avoid CPU-GPU synchronization" (vllm/v1/worker/gpu/
+dp_utils.py; ParallelConfig.has_unfinished_dp): under gloo those are the groups themselves;
+under NCCL (one GPU per rank) a gloo twin of each. A device tensor's goes over the backend's.
+
 Trace lines: a header {"rank", "world_size", "groups": {NAME: [members]}} (this rank's own
 group of each kind), then per collective {"step", "op", "group", "shape", "dtype"}, and
 {"step_end": S} when the rank's step S is over (harness.ranks.read_trace reads them).
@@ -90,19 +95,20 @@ class Collectives:
         self.step = 0
         self._trace = open(trace, "a") if trace else None  # noqa: SIM115 (the rank's life)
         self._groups: dict[str, object] = {}
+        self._host_groups: dict[str, object] = {}  # under NCCL: each group's gloo twin
         if parallel.world_size > 1:
             import torch.distributed as dist
 
+            twins = dist.get_backend() != "gloo"
             for kind in GROUP_KINDS:  # every rank creates every group, in one order
                 for members in parallel.groups(kind):
-                    if len(members) == parallel.world_size:
-                        handle = None  # the default group
-                    elif len(members) > 1:
-                        handle = dist.new_group(list(members))
-                    else:
+                    if len(members) == 1:
                         continue
+                    whole = len(members) == parallel.world_size
+                    handle = None if whole else dist.new_group(list(members))  # None: default
+                    twin = dist.new_group(list(members), backend="gloo") if twins else handle
                     if parallel.rank in members:
-                        self._groups[kind] = handle
+                        self._groups[kind], self._host_groups[kind] = handle, twin
         own = {kind: list(parallel.group(kind)) for kind in GROUP_KINDS}
         self._write({"rank": parallel.rank, "world_size": parallel.world_size, "groups": own})
 
@@ -120,13 +126,17 @@ class Collectives:
         self._write({**entry, "dtype": dtype})
         return group in self._groups
 
+    def _handle(self, group: str, tensor: torch.Tensor) -> object:
+        """The process group a collective of `tensor` over `group` goes on."""
+        return (self._host_groups if tensor.device.type == "cpu" else self._groups)[group]
+
     def all_reduce(self, tensor: torch.Tensor, group: str = "dp", op: str = "sum") -> torch.Tensor:
         """In place, over `group`; returns `tensor`."""
         if self._record("all_reduce", group, tensor):
             import torch.distributed as dist
 
             reduce_op = getattr(dist.ReduceOp, _OPS[op])
-            dist.all_reduce(tensor, op=reduce_op, group=self._groups[group])
+            dist.all_reduce(tensor, op=reduce_op, group=self._handle(group, tensor))
         return tensor
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: str = "dp") -> torch.Tensor:
@@ -134,7 +144,7 @@ class Collectives:
         if self._record("broadcast", group, tensor):
             import torch.distributed as dist
 
-            dist.broadcast(tensor, src=src, group=self._groups[group])
+            dist.broadcast(tensor, src=src, group=self._handle(group, tensor))
         return tensor
 
     def end_step(self) -> None:
