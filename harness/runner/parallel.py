@@ -99,7 +99,7 @@ class Collectives:
         if parallel.world_size > 1:
             import torch.distributed as dist
 
-            twins = dist.get_backend() != "gloo"
+            twins = dist.is_initialized() and dist.get_backend() != "gloo"
             for kind in GROUP_KINDS:  # every rank creates every group, in one order
                 for members in parallel.groups(kind):
                     if len(members) == 1:
