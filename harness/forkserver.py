@@ -52,7 +52,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import importlib.metadata
+import importlib.util
 import json
 import os
 import selectors
@@ -138,8 +138,25 @@ def differing(sources: dict[str, str], root: str) -> list[str]:
 
 
 def installed_versions() -> dict[str, str]:
-    """The installed third-party versions a server preloads (package metadata: no import)."""
-    return {name: importlib.metadata.version(name) for name in ("torch", "triton", "numpy")}
+    """The installed third-party versions a server preloads, none of them imported: each from
+    the name of its one dist-info directory beside the package (what importlib.metadata reads;
+    importing that module was 12-19 ms of every client, `-X importtime`), else from
+    importlib.metadata (an install laid out otherwise)."""
+    return {name: _installed_version(name) for name in ("torch", "triton", "numpy")}
+
+
+def _installed_version(name: str) -> str:
+    spec = importlib.util.find_spec(name)  # a top-level package: found, not imported
+    if spec is not None and spec.origin:
+        site = os.path.dirname(os.path.dirname(spec.origin))
+        prefix, suffix = f"{name}-", ".dist-info"
+        with contextlib.suppress(OSError):
+            found = [e for e in os.listdir(site) if e.startswith(prefix) and e.endswith(suffix)]
+            if len(found) == 1:
+                return found[0][len(prefix) : -len(suffix)]
+    from importlib import metadata
+
+    return metadata.version(name)
 
 
 def _fresh_project(root: str) -> None:

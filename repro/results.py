@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
@@ -210,11 +209,13 @@ def _project() -> dict:
 
 
 def _packages() -> dict[str, str | None]:
+    from importlib import metadata  # here: 10-19 ms that every command's import paid
+
     found = {}
     for name in ("torch", "triton", "numpy"):
         try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
             found[name] = None
     return found
 
