@@ -96,6 +96,18 @@ def test_a_stale_warm_server_is_replaced(server_dir, monkeypatch) -> None:
     fresh.sock.close()
 
 
+def test_installed_versions_are_the_package_metadatas_without_importing_it() -> None:
+    """What a server and its client compare (a server preloaded other versions: stale), read
+    from the dist-info names; importlib.metadata agrees, and the client never imports it."""
+    from importlib import metadata
+
+    versions = forkserver.installed_versions()
+    assert versions == {name: metadata.version(name) for name in versions}
+    code = "import sys, repro.commands; print('importlib.metadata' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out
+
+
 def test_cuda_children_are_spread_over_the_callers_gpus(monkeypatch) -> None:
     monkeypatch.setattr(devices, "visible_gpus", lambda: ["3", "5"])
     jobs = [Job("test", "passes", "tests.children:passes", ALL_FIXES, "cuda", 60)] * 4
