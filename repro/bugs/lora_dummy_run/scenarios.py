@@ -18,21 +18,20 @@ from harness.runner.input_batch import Request, dummy_lengths
 from harness.runner.model_runner import ModelRunner, runner_config
 
 DUMMY_TOKENS, DUMMY_REQS = 8, 2
-# Real batches after a capture, one per FULL graph size (8, then 4 tokens), every adapter and the
-# base model mixed; the LM-head LoRA sees each request's adapter. The second replays the other
-# graph on the mapping buffers the first rewrote. (A 16-token graph and a 12-token batch for it
-# were dropped, 2026-11-28, and a third batch, a second replay of the 4-token graph, 2026-11-29:
-# no regression of the sets needed them; each replay is a fifth of a scenario's interpreted
-# time.) With LoRA specialised by active-adapter count they are cases 3 and 2.
+# Real batches after a capture, one per FULL graph size (4, 8 tokens), then the 4-token graph
+# again with other requests; every adapter and the base model mixed; the LM-head LoRA sees each
+# request's adapter. (A 16-token graph and a 12-token batch for it were dropped, 2026-11-28: no
+# regression of the sets needed them, and they were a third of a scenario's interpreted time.)
 CAPTURE_SIZES = (4, 8)
 BATCHES = (
+    ("3 tokens, all on adapter 1", (Request("a", (3, 5), 1), Request("b", (7,), 1))),
     (
         "7 tokens: base + adapter 1 + adapter 2",
         (Request("a", (2, 4, 6), 0), Request("b", (8,), 1), Request("c", (9, 10, 12), 2)),
     ),
     (
-        "4 tokens: adapter 2 and base",
-        (Request("p", (6,), 2), Request("q", (11, 13), 0), Request("r", (5,), 2)),
+        "4 tokens again: adapter 2, base, adapter 1",
+        (Request("p", (6,), 2), Request("q", (11, 13), 0), Request("r", (5,), 1)),
     ),
 )
 
