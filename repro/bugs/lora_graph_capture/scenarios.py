@@ -5,13 +5,17 @@ The record (fix parts, expected outcomes) is in the package; see its docstring.
 
 from __future__ import annotations
 
+from harness.oracle import expect_all
 from harness.record import Context
 from harness.runner.cudagraph import CUDAGraphMode
-from harness.runner.model_runner import ModelRunner
+from harness.runner.model_runner import ModelRunner, runner_config
 from repro.bugs.lora_dummy_run.scenarios import (  # noqa: F401 (the capture orderings: both bugs')
+    BATCHES,
+    CAPTURE_SIZES,
     capture_after_base_batch,
     capture_and_check,
     capture_without_dummy_run,
+    check_batches,
 )
 
 
@@ -20,18 +24,38 @@ def _warm_up(runner: ModelRunner) -> None:
 
 
 def full_graphs(ctx: Context) -> str:
-    """Warm-up dummy run -> FULL capture (4, 8 tokens) -> real LoRA batches.
+    """A server's start, in its order: LoRA enabled, no adapter loaded yet; the warm-up dummy
+    run, then FULL capture (4, 8 tokens); only then are adapters 1 and 2 added (their weights
+    into the slots the graphs read), and real LoRA batches replay.
 
     Batches, in a row, one per graph: all tokens on adapter 1; base + adapter 1 + adapter 2;
     adapter 2 and base. Each: replay vs the dense float64 reference (and vs eager where they
     differ), hidden states of every token and the logits of every request (LM-head LoRA
-    through the prompt mapping).
-    Fixed: all match. Buggy: the all-(-1) dummy mapping set no_lora_flag_cpu, the host wrappers
-    returned during capture, replays miss every LoRA delta (wrong result) and the graphs hold no
-    LoRA kernel. With lora_dummy_mapping off too, the warm-up dummy run already fails with the
-    device-side assert of lora_dummy_run.
+    through the prompt mapping). Fixed: the capture hook makes every LoRA kernel launch, whatever
+    is loaded: all match. Buggy: the all-(-1) dummy mapping set no_lora_flag_cpu, the host
+    wrappers returned during capture, replays miss every LoRA delta (wrong result) and the
+    graphs hold no LoRA kernel. Also fails a fix that forces the launch only while an adapter is
+    loaded at capture. With lora_dummy_mapping off too, the warm-up dummy run already fails
+    with the device-side assert of lora_dummy_run. (The other scenarios load the adapters
+    before they capture.)
     """
-    return capture_and_check(ctx, _warm_up, cudagraph_mode=CUDAGraphMode.FULL)
+    runner = ModelRunner(
+        runner_config(
+            ctx.device,
+            ctx.fixes,
+            dtype=ctx.dtype,
+            cudagraph_sizes=CAPTURE_SIZES,
+            cudagraph_mode=CUDAGraphMode.FULL,
+        )
+    )
+    _warm_up(runner)
+    runner.capture_model()
+    runner.add_lora(1, seed=ctx.seed + 11)
+    runner.add_lora(2, seed=ctx.seed + 12)
+    expect_all(check_batches(runner))
+    graphs = runner.cudagraph_manager.graphs
+    batches = f"{len(BATCHES)} batches: replay ~ reference"
+    return f"{len(graphs)} graphs captured before any adapter was added, {batches}"
 
 
 def piecewise_graphs(ctx: Context) -> str:
