@@ -36,13 +36,20 @@ BATCHES = (
 )
 
 
-def lora_runner(ctx: Context, **config) -> ModelRunner:
-    """A runner with LoRA enabled and two adapters loaded (ids 1 and 2), no mapping set yet."""
+def lora_runner(ctx: Context, adapters: bool = True, **config) -> ModelRunner:
+    """A runner with LoRA enabled and two adapters loaded (ids 1 and 2; `adapters=False`:
+    none yet, `add_adapters`), no mapping set yet."""
     config = {"cudagraph_sizes": CAPTURE_SIZES, **config}
     runner = ModelRunner(runner_config(ctx.device, ctx.fixes, dtype=ctx.dtype, **config))
+    if adapters:
+        add_adapters(runner, ctx)
+    return runner
+
+
+def add_adapters(runner: ModelRunner, ctx: Context) -> None:
+    """Adapters 1 and 2, seeded from the run's seed."""
     runner.add_lora(1, seed=ctx.seed + 11)
     runner.add_lora(2, seed=ctx.seed + 12)
-    return runner
 
 
 def check_batches(runner: ModelRunner) -> list[str | None]:
@@ -124,11 +131,19 @@ def _dummy_matches_base(runner: ModelRunner, tokens: int, reqs: int, label: str)
     ]
 
 
-def capture_and_check(ctx: Context, before: Callable[[ModelRunner], object], **config) -> str:
-    """A LoRA runner, `before` it captures, capture_model, then BATCHES checked."""
-    runner = lora_runner(ctx, **config)
+def capture_and_check(
+    ctx: Context,
+    before: Callable[[ModelRunner], object],
+    adapters_after: bool = False,
+    **config,
+) -> str:
+    """A LoRA runner, `before` it captures, capture_model, then BATCHES checked.
+    `adapters_after`: the adapters are added after the capture (a server's order)."""
+    runner = lora_runner(ctx, adapters=not adapters_after, **config)
     before(runner)
     runner.capture_model()
+    if adapters_after:
+        add_adapters(runner, ctx)
     expect_all(check_batches(runner))
     graphs = runner.cudagraph_manager.graphs
     captured = sorted({n for g in graphs.values() for n in g.launches if "lora" in n})

@@ -5,17 +5,13 @@ The record (fix parts, expected outcomes) is in the package; see its docstring.
 
 from __future__ import annotations
 
-from harness.oracle import expect_all
 from harness.record import Context
 from harness.runner.cudagraph import CUDAGraphMode
-from harness.runner.model_runner import ModelRunner, runner_config
+from harness.runner.model_runner import ModelRunner
 from repro.bugs.lora_dummy_run.scenarios import (  # noqa: F401 (the capture orderings: both bugs')
-    BATCHES,
-    CAPTURE_SIZES,
     capture_after_base_batch,
     capture_and_check,
     capture_without_dummy_run,
-    check_batches,
 )
 
 
@@ -39,23 +35,7 @@ def full_graphs(ctx: Context) -> str:
     with the device-side assert of lora_dummy_run. (The other scenarios load the adapters
     before they capture.)
     """
-    runner = ModelRunner(
-        runner_config(
-            ctx.device,
-            ctx.fixes,
-            dtype=ctx.dtype,
-            cudagraph_sizes=CAPTURE_SIZES,
-            cudagraph_mode=CUDAGraphMode.FULL,
-        )
-    )
-    _warm_up(runner)
-    runner.capture_model()
-    runner.add_lora(1, seed=ctx.seed + 11)
-    runner.add_lora(2, seed=ctx.seed + 12)
-    expect_all(check_batches(runner))
-    graphs = runner.cudagraph_manager.graphs
-    batches = f"{len(BATCHES)} batches: replay ~ reference"
-    return f"{len(graphs)} graphs captured before any adapter was added, {batches}"
+    return capture_and_check(ctx, _warm_up, adapters_after=True, cudagraph_mode=CUDAGraphMode.FULL)
 
 
 def piecewise_graphs(ctx: Context) -> str:
