@@ -121,6 +121,9 @@ STATES = (
     "one DP rank idle, its peer drafting",
     # each TP rank draws its own acceptance uniforms for the same drafts, the engine seed unset
     "TP ranks sample drafts' acceptance, seed unset",
+    # a draft decided by whether the sampling generator's stream went on from earlier steps (a
+    # generator seeded again every step repeats the first step's uniforms)
+    "the sampling stream goes on across verify steps",
     # a batch past the drafter's limit (its longest sequence plus the drafts over
     # max_model_len: no drafts) on one DP rank while another's batch drafts, and on every rank
     "one DP rank past the drafter's limit, its peer drafting",

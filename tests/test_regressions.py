@@ -274,7 +274,8 @@ REQUIRED_AXES = {
         },
     },
     # TP ranks that must sample alike: a rank accepting a draft its peer rejects (one draft and
-    # several), and steps that reject in a row after the ranks agreed
+    # several), steps that reject in a row after the ranks agreed, and a draft decided by the
+    # sampling stream going on from the earlier steps (not restarted each step)
     "rank_rng_divergence": {
         "graph_modes": {"NONE"},
         "states": {
@@ -282,6 +283,7 @@ REQUIRED_AXES = {
             "several drafts",
             "rejections in a row",
             "TP ranks sample drafts' acceptance, seed unset",
+            "the sampling stream goes on across verify steps",
         },
     },
     # a drafter's collectives among DP ranks near max_model_len: either rank past the limit

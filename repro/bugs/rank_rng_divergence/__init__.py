@@ -86,6 +86,7 @@ RECORD = BugRecord(
                     "several drafts",
                     "rejections in a row",
                     "TP ranks sample drafts' acceptance, seed unset",
+                    "the sampling stream goes on across verify steps",
                 ),
             ),
             signature=(

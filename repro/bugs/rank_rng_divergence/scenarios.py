@@ -19,10 +19,12 @@ PROMPT = (3, 1, 4, 1, 5)
 # per verify step, what each draft is made to meet (the proposer chooses its draft and draft
 # probability q against the float64 reference p and the shared seed's uniform u):
 # "a": the most probable token, q = p / 2 (ratio 2: accepted whatever u); "r": the least
-# probable token, q = 1 (ratio p: rejected, u is above it); "mid" and "split": a ratio 0.25
-# from the shared seed's u (the fixed ranks accept where u < 0.5); the two ranks' own draws
-# fall on either side of a "mid" ratio, and both on the other side from the shared seed's at
-# a "split" (so a rank that kept the shared seed while its peer did not also diverges)
+# probable token, q = 1 (ratio p: rejected, u is above it); "mid": a ratio 0.25 from the shared
+# seed's u (the fixed ranks accept where u < 0.5), the two ranks' own draws on either side of
+# it; "split": a ratio between the shared seed's u and the draw of a generator seeded again
+# that step (a runner that reseeds every step repeats the first step's uniforms), with both
+# ranks' own draws on the other side from the shared seed's (so a rank that kept the shared
+# seed while its peer did not also diverges)
 PLAN = (
     ("mid", "a"),
     ("r", "a"),
@@ -42,10 +44,30 @@ def _draws(seed: int, device: str) -> list[list[float]]:
     return [torch.rand(len(kinds), generator=gen, device=device).tolist() for kinds in PLAN]
 
 
-def _ratio(u: float) -> float:
-    """The acceptance ratio of a decisive draft: 0.25 above a shared draw under 0.5 (accepted),
-    0.25 below one from 0.5 (rejected)."""
-    return u + 0.25 if u < 0.5 else u - 0.25
+def _ratios(draws: list[list[float]], device: str) -> list[list[float | None]]:
+    """Each decisive draft's acceptance ratio (None for the others). "mid": 0.25 above a shared
+    draw under 0.5 (accepted), 0.25 below one from 0.5 (rejected). "split": halfway between
+    the shared draw and the one a generator seeded again at that step gives, so that a runner
+    whose stream restarts every step decides it the other way."""
+    ratios: list[list[float | None]] = []
+    for step, kinds in enumerate(PLAN):
+        again = torch.Generator(device).manual_seed(DEFAULT_SEED)
+        restarted = torch.rand(len(kinds), generator=again, device=device).tolist()
+        ratios.append([])
+        for i, kind in enumerate(kinds):
+            u = draws[step][i]
+            if kind == "mid":
+                ratios[-1].append(u + 0.25 if u < 0.5 else u - 0.25)
+            elif kind == "split":
+                if step == 0 or abs(u - restarted[i]) < 3 * MARGIN:
+                    raise AssertionError(
+                        f"trigger not reached: step {step + 1}'s draw {u:.3f} and a restarted "
+                        f"stream's {restarted[i]:.3f} are too close to tell apart"
+                    )
+                ratios[-1].append((u + restarted[i]) / 2)
+            else:
+                ratios[-1].append(None)
+    return ratios
 
 
 def _side(u: float, ratio: float) -> int:
@@ -53,7 +75,9 @@ def _side(u: float, ratio: float) -> int:
     return -1 if u < ratio - MARGIN else 1 if u > ratio + MARGIN else 0
 
 
-def _rank_process_seeds(shared: list[list[float]], device: str) -> tuple[int, int]:
+def _rank_process_seeds(
+    shared: list[list[float]], ratios: list[list[float | None]], device: str
+) -> tuple[int, int]:
     """Two process seeds (standing for the random state an unseeded worker process starts
     with, its own on each rank) whose draws fall on either side of every "mid" ratio, and on
     the other side from the shared seed's at every "split": the ranks of the buggy runner
@@ -66,7 +90,7 @@ def _rank_process_seeds(shared: list[list[float]], device: str) -> tuple[int, in
         own = [_draws(seed, device) for seed in seeds]
         good = True
         for s, i, kind in decisive:
-            ratio = _ratio(shared[s][i])
+            ratio = ratios[s][i]
             sides = [_side(d[s][i], ratio) for d in own]
             if kind == "mid":
                 good &= sorted(sides) == [-1, 1]
@@ -98,15 +122,17 @@ def tp_ranks_verify_drafts(ctx: Context) -> str:
     speculative decoding and an unset engine seed, each rank in its own engine loop (an
     external launcher's layout, no broadcast of rank 0's results). Each rank's process starts
     with its own random state (the scenario seeds the two TP positions apart, as unseeded
-    worker processes are; the DP ranks alike). A prefill, then
-    five verify steps of one to three drafts each; every draft comes with its draft
-    probability, chosen against the float64 reference so that, with the uniforms of seed 0,
-    the first step's first draft is decided by the draw (accepted where it is under 0.5), a
-    draft is rejected in two steps in a row, one step accepts all three (a bonus token) and
-    one step has a single draft. After rejection sampling, each rank runs the drafter's first
-    tensor-parallel layer on the hidden states of the tokens it kept (an all-reduce over the
-    TP group, as many rows as tokens kept). Each rank checks the accepted counts, the recovered
-    and bonus tokens and the reduced hidden states against the reference.
+    worker processes are; the DP ranks alike). A prefill, then five verify steps of one to
+    three drafts each; every draft comes with its draft probability, chosen against the
+    float64 reference so that, with the uniforms of seed 0, the first step's first draft is
+    decided by the draw (accepted where it is under 0.5), the third step's first by whether
+    the generator's stream went on from the earlier steps (its ratio lies between that draw
+    and a restarted stream's), a draft is rejected in two steps in a row, one step accepts
+    all three (a bonus token) and one step has a single draft. After rejection sampling, each
+    rank runs the drafter's first tensor-parallel layer on the hidden states of the tokens it
+    kept (an all-reduce over the TP group, as many rows as tokens kept). Each rank checks the
+    accepted counts, the recovered and bonus tokens and the reduced hidden states against the
+    reference.
 
     Fixed: the unset seed is 0 on both ranks (vLLM #17929); they draw the same uniforms,
     accept the same drafts, and their all-reduces agree. Buggy: each rank seeds its sampling
@@ -120,13 +146,14 @@ def tp_ranks_verify_drafts(ctx: Context) -> str:
         raise RuntimeError(f"runs as 2 or 4 ranks (Scenario.ranks), not {ctx.world_size}")
     device = ctx.device
     draws = _draws(DEFAULT_SEED, device)
+    ratios = _ratios(draws, device)
     parallel = ParallelConfig(
         world_size=ctx.world_size,
         rank=ctx.rank,
         data_parallel_size=ctx.world_size // 2,
         tensor_parallel_size=2,
     )
-    torch.manual_seed(_rank_process_seeds(draws, device)[parallel.tp_rank])
+    torch.manual_seed(_rank_process_seeds(draws, ratios, device)[parallel.tp_rank])
     config = runner_config(
         device,
         ctx.fixes,
@@ -156,7 +183,7 @@ def tp_ranks_verify_drafts(ctx: Context) -> str:
                 q = 1.0
                 assert u > float(p[d]) + MARGIN, f"trigger not reached: draw {u} under {p[d]}"
             else:
-                ratio = _ratio(u)
+                ratio = ratios[step - 1][i]
                 d = int(torch.where(p <= ratio, p, -1.0).argmax())
                 q = float(p[d]) / ratio
             drafts.append(d)
@@ -167,7 +194,7 @@ def tp_ranks_verify_drafts(ctx: Context) -> str:
         collectives.end_step()
         where = f"step {step}, rank {ctx.rank}"
         decided = [
-            k == "a" or (k in ("mid", "split") and draws[step - 1][i] < 0.5)
+            k == "a" or (k in ("mid", "split") and draws[step - 1][i] < ratios[step - 1][i])
             for i, k in enumerate(kinds)
         ]
         accepted = decided.index(False) if False in decided else len(kinds)
