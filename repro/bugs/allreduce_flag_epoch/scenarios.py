@@ -31,11 +31,16 @@ STEPS = (
     (2, True, True),
     (6, False, False),
 )
-# then eager and graph calls interleaved, two replays to one eager call, long enough for the
-# replays' calls to outnumber the host's since the capture (a round kept apart for each
-# would meet the other's: the eager call's flags left holding the next replay's round; an
-# independent regression that did so died within 8 cycles on the CPU, 12 leave a margin)
-CATCH_UP = ((3, False, False), (4, True, False), (8, True, False)) * 12
+# Rounds kept apart for eager calls and replays would meet where one sequence catches up with
+# the other: two consecutive calls with one round, the second's wait passing on the first's
+# flag. Right after the capture, three eager calls (the drafter's step is two) to one replay,
+# long enough for the eager calls since the window to outnumber the replays and every call
+# before it (an independent regression whose eager calls counted from a fresh counter after
+# the window died at the fourth cycle on the CPU; six leave a margin); after STEPS, three
+# replay calls to one eager call, long enough for the replays to outnumber the host's calls
+# since the capture (one whose eager calls kept the host's round died at the ninth; 12)
+OUTRUN = ((4, True, False), (6, False, True), (5, False, False)) * 6
+CATCH_UP = ((3, False, False), (8, True, True), (4, True, False)) * 12
 BREACH = "read its input after the peer had left the end barrier"  # the kernel's BREACHES
 ORDER_LIMIT_S = 60.0  # a peer that never reaches its call: the harness broke (never by design)
 
@@ -62,13 +67,16 @@ def replayed_round_flags(ctx: Context) -> str:
     """Two tensor-parallel ranks, a target and a drafter of one row-parallel projection each,
     their partial sums reduced by the custom all-reduce, whose start and end barriers wait for
     each peer's flag to equal the call's round. Graphs of sizes 8 and 4 are captured inside the
-    capture window and registered. Then nine steps, each with new hidden states: eager; size
-    8's target graph three times in a row (steps without the drafter); size 4's twice; target
-    and drafter graphs alternating; eager again. A forced order (`lockstep`) has rank 0 reach
-    each all-reduce first: rank 1 launches its call only once rank 0 has completed it or spins
-    in it waiting for rank 1's flag; inside each call, rank 1 reads the inputs only once rank
-    0 has completed the call or spins at its end barrier (the kernel's hold, `lag_rank`), and
-    counts a call that rank 0 completed before rank 1's reads (it would be free to overwrite
+    capture window and registered. Then nine steps, each with new hidden states: eager; size 8's
+    target graph three times in a row (steps without the drafter); size 4's twice; target and
+    drafter graphs alternating; eager again. Before those steps, eager calls outnumber replays
+    (a replay of size 4, then an eager step with the drafter and one without, six times); after
+    them, replays outnumber eager calls (an eager step, then the target and drafter graphs of
+    size 8 and the target's of size 4, twelve times). A forced order (`lockstep`) has rank 0
+    reach each all-reduce first: rank 1 launches its call only once rank 0 has completed it or
+    spins in it waiting for rank 1's flag; inside each call, rank 1 reads the inputs only once
+    rank 0 has completed the call or spins at its end barrier (the kernel's hold, `lag_rank`),
+    and counts a call that rank 0 completed before rank 1's reads (it would be free to overwrite
     its input while rank 1 reads it). Each rank checks its outputs against the float64 sum of
     both ranks' partial products of that step, and that no call was breached.
 
@@ -88,12 +96,13 @@ def replayed_round_flags(ctx: Context) -> str:
     runner.capture_model()
     if runner.comm.breaches():
         problems.append(f"capture: rank {ctx.rank} {BREACH}")
+    problems += walk(ctx, runner, OUTRUN, "outrun", 300)  # the buggy variant's rounds agree
     problems += walk(ctx, runner, STEPS, "step", 0)
     problems += walk(ctx, runner, CATCH_UP, "catch-up", 200)
     if runner.comm.expired():
         problems.append(f"rank {ctx.rank}: {runner.comm.expired()} waits ran out of spins")
     expect_all(problems)
-    steps = len(FIRST) + len(STEPS) + len(CATCH_UP)
+    steps = len(FIRST) + len(OUTRUN) + len(STEPS) + len(CATCH_UP)
     return f"{steps} steps as reference, rank 0 first at every all-reduce"
 
 
