@@ -147,11 +147,9 @@ STATES = (
     # overwritten by another's)
     "one graph replayed several times in a row",
     # the communicator's first call (its flags as allocated), and eager calls between replays
-    # for long enough that the replays outnumber the host's calls since the capture, or the
-    # eager calls outnumber the replays and the calls before the window
+    # for long enough that the replays outnumber the host's calls since the capture
     "the all-reduce's first call",
     "eager calls between replays, the replays outnumbering them",
-    "replays between eager calls, the eager calls outnumbering them",
     "graphs replayed alternately",
     # a Mamba layer's align-mode prefix caching (harness/runner/mamba_align.py): the prompts'
     # lengths just past, inside and on block boundaries; the step's token budget taken by one

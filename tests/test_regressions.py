@@ -333,7 +333,6 @@ REQUIRED_AXES = {
             "eager all-reduce through the registered buffer",
             "the all-reduce's first call",
             "eager calls between replays, the replays outnumbering them",
-            "replays between eager calls, the eager calls outnumbering them",
         },
     },
     # Mamba align-mode prefix caching (issue 44): prompts around block boundaries, a budget one

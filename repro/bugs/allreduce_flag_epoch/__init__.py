@@ -90,7 +90,6 @@ RECORD = BugRecord(
                     "eager all-reduce through the registered buffer",
                     "the all-reduce's first call",
                     "eager calls between replays, the replays outnumbering them",
-                    "replays between eager calls, the eager calls outnumbering them",
                 ),
             ),
             # rank 0's stale sum, or rank 1's read after rank 0 left (the end barrier's stale
