@@ -313,7 +313,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             else:  # a failure's confirming run starts as soon as it failed (one at a time)
                 starts, twins = _schedule(p, keep_order=bool(args.suspect))
                 confirm = _Confirm(lambda r, a: find(r, a).counted, twins)
-                ran = isolator.run_all(starts, then=confirm, until=confirm.stop, drop=confirm.drop)
+                ran = isolator.run_all(
+                    starts, _workers(p, starts), then=confirm, until=confirm.stop, drop=confirm.drop
+                )
                 by_job: dict[Job, Result] = {}
                 for job, r in zip(starts, ran, strict=False):  # a twin's copy is its job's
                     by_job.setdefault(job, confirm.firsts.get(job, r))
@@ -365,7 +367,8 @@ def _schedule(p: Plan, keep_order: bool = False) -> tuple[list[Job], list[Job]]:
         if p.bug.scenario(job.scenario).expected(p.fixes, p.device).is_failure
         and (job.ranks == 1 or p.device != "cpu")  # two CPUs hold one run of ranks
     ]
-    lead = min(fails, key=seconds) if fails else None
+    # the soonest to end; unknown or alike: the fewest ranks (the fewest processes to share a GPU)
+    lead = min(fails, key=lambda job: (seconds(job), job.ranks)) if fails else None
     rest = sorted((job for job in p.jobs if job != lead), key=seconds, reverse=True)
     if lead is None:
         twins = _twins(tuple(rest), p.device)
@@ -375,6 +378,18 @@ def _schedule(p: Plan, keep_order: bool = False) -> tuple[list[Job], list[Job]]:
     # the lead's twin (its second run, the same job) at the normal priority: its confirmation
     # is expected
     return [lead, lead, *rest, *idle], [lead, *idle]
+
+
+def _workers(p: Plan, starts: list[Job]) -> int | None:
+    """Processes at once (None: as many as the machine has CPUs). On a GPU, where the run that
+    starts first with its twin (_schedule's lead) is a run of ranks: those two runs' ranks, so
+    the other scenarios start only as they end, and not at all once the two settle exit 1.
+    Every rank shares the one GPU: rank_rng_divergence's buggy check ran its four-rank
+    scenario beside the two-rank lead's two runs, eight processes (docs/measurements/speed.md)."""
+    lead = starts[0] if len(starts) > 1 and starts[0] == starts[1] else None
+    if p.device == "cpu" or lead is None or lead.ranks < 2:
+        return None
+    return 2 * lead.ranks
 
 
 TWIN_NICE = 10  # a twin's niceness (os.nice): it yields to the first runs and to other work

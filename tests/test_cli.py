@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -393,6 +394,31 @@ def test_a_check_starts_the_expected_failure_with_its_twin_then_the_longest(monk
     assert rest == sorted(rest, reverse=True) and len(starts) == len(p.jobs) + 1
     p, starts, twins = schedule("--variant", "buggy", "--suspect", "lora_capture_launch")
     assert starts == list(p.jobs) and twins == []
+
+
+@pytest.mark.rank_rng_divergence
+def test_a_gpu_check_starts_the_rest_only_after_a_lead_of_ranks(monkeypatch) -> None:
+    """repro.check._workers: on a GPU, a buggy check whose lead (the expected failure started
+    with its twin) is a run of ranks runs those two runs' ranks at once, so the other scenarios
+    wait for them; a fixed check, and any check on the CPU, as many as the CPUs."""
+    from repro.check import _schedule, _workers, plan
+    from repro.commands import build_parser
+
+    monkeypatch.setattr("repro.check._busy", lambda: 0)
+
+    def plans(variant: str):
+        argv = ["check", "rank_rng_divergence", "--device", "cpu", "--variant", variant]
+        p = plan(build_parser().parse_args(argv))
+        jobs = tuple(dataclasses.replace(job, device="cuda") for job in p.jobs)
+        return p, dataclasses.replace(p, device="cuda", jobs=jobs)
+
+    cpu, gpu = plans("buggy")
+    starts, _ = _schedule(gpu)
+    assert starts[0] == starts[1] and starts[0].ranks == 2  # the two-rank pair leads
+    assert [job.ranks for job in starts[2:]] == [4]  # the four-rank scenario waits
+    assert _workers(gpu, starts) == 4 and _workers(cpu, _schedule(cpu)[0]) is None
+    _, gpu = plans("fixed")
+    assert _workers(gpu, _schedule(gpu)[0]) is None
 
 
 def test_a_check_confirms_one_failure_at_a_time_until_one_counts() -> None:
