@@ -120,6 +120,17 @@ def rank_one_segfaults(ctx: Context) -> str:
     return "unreachable"
 
 
+def rank_zero_faults_late(ctx: Context) -> str:
+    """Two ranks: rank 1's collective loses its peer at once (the backend's words for it: an
+    effect); rank 0, the cause, dies of SIGSEGV four seconds later, as a rank that faulted on a
+    shared GPU can take that long to leave the driver."""
+    if ctx.rank == 1:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc] Connection closed by peer [127.0.0.1]")
+    time.sleep(4.0)
+    ctypes.string_at(0x10, 8)
+    return "unreachable"
+
+
 def rank_one_raises_rank_zero_lingers(ctx: Context) -> str:
     """Two ranks: rank 1 raises at once (no lost peer: the cause); rank 0 goes on for a second
     and a half without a collective (a peer spinning on a flag the dead rank never sets)."""

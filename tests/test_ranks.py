@@ -110,6 +110,15 @@ def test_a_rank_that_faults_names_the_run() -> None:
     assert result.evidence.startswith("rank 1: illegal_address: killed by SIGSEGV"), result.evidence
 
 
+def test_a_lost_peer_waits_for_a_cause_that_leaves_late() -> None:
+    """A rank whose collective lost its peer shows an effect: the coordinator waits for the
+    other ranks (CAUSE_WAIT_S), and rank 0's fault, four seconds later, names the run."""
+    with Isolator() as iso:
+        result = iso.run(_ranks_job("rank_zero_faults_late", 120))
+    assert result.outcome == Outcome.ILLEGAL_ADDRESS, result.evidence
+    assert result.evidence.startswith("rank 0: illegal_address: killed by SIGSEGV"), result.evidence
+
+
 def test_a_rank_that_fails_otherwise_than_a_lost_peer_decides_at_once() -> None:
     """The cause decides without waiting for the other ranks to exit: rank 0, still running
     when rank 1 raised, is killed by the coordinator, not waited for (CAUSE_WAIT_S is for a
