@@ -7,15 +7,16 @@ it prints what it measured; compare the JSON between commits or machines.
     repro bench --per-bug [--bug BUG ...] [--device ...] [--json FILE]
 
 Figures (median of N runs): usage error, `repro list`, `repro check` of one scenario cold (a
-private server) and warm (`repro serve` running), the overhead of one child that does nothing
-(warm), and `repro matrix --each-part` on the device (warm; with --shard K/N, its part K of N only,
-as one of CI's runners runs it: the JSON says which part, and `repro diff` compares a matrix's
-figures only between files of the same part; with --matrix-json, a finished matrix's time and
-runs over its repeats instead: CI's matrix step is not run twice). On a GPU also the matrix's
-floor:
-its number of runs times the time per child that only makes a CUDA context, measured four at
-once (a GPU takes only so many new contexts a second, however many processes ask: about 5.5 on
-the H100 machine we measured; a run in its own process cannot cost less).
+private server) and warm (`repro serve` running; the median of the N after the first, and the first
+on its own: on a GPU the server's first spares are still making their contexts), the overhead of
+one child that does nothing (warm), and `repro matrix --each-part` on the device (warm; with
+--shard K/N, its part K of N only, as one of CI's runners runs it: the JSON says which part, and
+`repro diff` compares a matrix's figures only between files of the same part; with --matrix-json, a
+finished matrix's time and runs over its repeats instead: CI's matrix step is not run twice). On a
+GPU also the matrix's floor: its number of runs times the time per child that only makes a CUDA
+context, measured four at once (a GPU takes only so many new contexts a second, however many
+processes ask: about 5.5 on the H100 machine we measured; a run in its own process cannot cost
+less).
 
 --usual: each scenario's usual seconds on the device (a whole child, fixed and buggy, as `repro
 check` runs them: all of a bug's at once, CPU-count children at a time; the larger variant's
@@ -187,9 +188,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         quiet = {"env": warm, "stdout": subprocess.DEVNULL}
         subprocess.run([*repro, "serve", "--device", device], check=True, **quiet)
         try:
-            figures["check_warm"] = _median(
-                [*repro, *CHECK, "--device", device], warm, args.repeat, 0
-            )
+            check = [*repro, *CHECK, "--device", device]
+            # the first check after the server's start: on a GPU its spares are still making
+            # their CUDA contexts (the server's start, not the loop's); timed on its own
+            figures["check_first_warm"] = _timed(check, warm, 0)
+            figures["check_warm"] = _median(check, warm, args.repeat, 0)
             os.environ[ENV_SERVER_DIR], os.environ[ENV_SERVER] = tmp, "auto"
             figures["child_overhead"] = _per_child(device, args.repeat, "harness.child:noop", 1)
             runs = Path(tmp) / "matrix.json"
@@ -380,6 +383,7 @@ FIGURES = {
     "usage_error": "usage error",
     "list": "`repro list`",
     "check_cold": "`repro check` cold",
+    "check_first_warm": "`repro check` warm, the first after `repro serve`",
     "check_warm": "`repro check` warm",
     "child_overhead": "one child's overhead",
     "matrix_each_part": "`repro matrix --each-part`",

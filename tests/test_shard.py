@@ -219,6 +219,22 @@ def test_a_bench_of_one_part_times_that_parts_matrix_and_says_so(faked_bench, tm
     assert json.loads(out.read_text())["shard"] == "2/2"
 
 
+@pytest.mark.cpu_job
+def test_the_first_warm_check_after_serve_is_a_figure_of_its_own(faked_bench, tmp_path) -> None:
+    """The first check after `repro serve` (on a GPU, the server's first spares still making
+    their contexts: the server's start) is timed on its own, and the warm check's median is
+    of the N after it (a median of two had been half the server's start)."""
+    from repro import bench, commands
+
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--device", "cpu", "--repeat", "2", "--json", str(out)]
+    assert bench.cmd_bench(commands.build_parser().parse_args(argv)) == 0
+    serve = next(i for i, argv in enumerate(faked_bench) if "serve" in argv)
+    assert [argv for argv in faked_bench[serve:] if "check" in argv] == [faked_bench[serve + 1]] * 3
+    figures = json.loads(out.read_text())["figures"]
+    assert {"check_first_warm", "check_warm"} <= figures.keys()
+
+
 def _matrix_doc(path, rows=10, **timing) -> str:
     """A finished matrix's JSON as `repro matrix --each-part --repeat 2 --shard 2/2` writes it,
     with `timing`'s changes (dtype: the runs'). Written unchecked; whether it is a valid results
