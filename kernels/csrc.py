@@ -41,8 +41,12 @@ def cache_dir(torch_version: str | None = None, cuda_version: str | None = None)
         import torch
 
         torch_version, cuda_version = torch.__version__, torch.version.cuda
-    root = Path(os.environ.get("REPRO_CACHE_DIR", Path.home() / ".cache" / "repro"))
-    return root / f"torch-{torch_version}-cuda-{cuda_version}"
+    return cache_root() / f"torch-{torch_version}-cuda-{cuda_version}"
+
+
+def cache_root() -> Path:
+    """The project's cache: $REPRO_CACHE_DIR, else ~/.cache/repro."""
+    return Path(os.environ.get("REPRO_CACHE_DIR", Path.home() / ".cache" / "repro"))
 
 
 def all_fresh(torch_version: str, cuda_version: str | None) -> bool:

@@ -45,12 +45,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import inspect
+import marshal
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
+import triton
 import triton.language as tl
+
+from kernels.csrc import cache_root
 
 
 class _Kept:
@@ -112,6 +120,7 @@ def install() -> bool:
     _skip_dropped_overflow_checks(interpreter)
     _memoize_np_dtype(interpreter)
     _list_builtins_once(interpreter)
+    _cache_rewrites(interpreter)
     if isinstance(tl.sum, getattr(interpreter, "InterpretedFunction", ())):  # interpreting:
         _intern_block_types()  # the compiler, which shares the type layer, is left as shipped
     return True
@@ -212,6 +221,76 @@ def _list_builtins_once(interpreter) -> None:
     _undo.append(undo)
 
 
+def _cache_rewrites(interpreter) -> None:
+    rewriter = getattr(interpreter, "FunctionRewriter", None)
+    needed = ("rewrite_ast", "_compile_and_exec", "_transform_ast")
+    if rewriter is None or not all(name in vars(rewriter) for name in needed):
+        return
+    rewrite, compile_and_exec = rewriter.rewrite_ast, rewriter._compile_and_exec
+    tag = f"{sys.implementation.cache_tag}-triton-{triton.__version__}"
+    where = cache_root() / "interpreted" / tag
+    entries: dict[int, Path] = {}  # per rewriter being rewritten: its cache entry
+
+    def run(self, code):
+        """What Triton's _compile_and_exec does with the code it compiled."""
+        namespace = {**self.kwargs}
+        fn_globals = self.fn.__globals__
+        for name, value in vars(interpreter).items():
+            fn_globals.setdefault(name, value)
+        exec(code, fn_globals, namespace)
+        return namespace[self.fn.__name__]
+
+    def rewrite_cached(self):
+        entry = _rewrite_entry(self.fn, where)
+        if entry is None:
+            return rewrite(self)
+        try:
+            code = marshal.loads(entry.read_bytes())
+        except (OSError, EOFError, ValueError, TypeError):
+            entries[id(self)] = entry
+            try:
+                return rewrite(self)
+            finally:
+                entries.pop(id(self), None)
+        return run(self, code)
+
+    def compile_kept(self, transformed_ast):
+        entry = entries.get(id(self))
+        if entry is None:
+            return compile_and_exec(self, transformed_ast)
+        code = compile(transformed_ast, filename=self.filename, mode="exec")
+        temporary = entry.with_name(f"{entry.name}.{os.getpid()}")
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_bytes(marshal.dumps(code))
+            temporary.replace(entry)
+        except OSError:  # not writable: rewritten each time
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+        return run(self, code)
+
+    def undo() -> None:
+        rewriter.rewrite_ast, rewriter._compile_and_exec = rewrite, compile_and_exec
+
+    rewriter.rewrite_ast, rewriter._compile_and_exec = rewrite_cached, compile_kept
+    _undo.append(undo)
+
+
+def _rewrite_entry(fn, where: Path) -> Path | None:
+    """The cache entry of `fn`'s rewrite: keyed by its file (path and bytes), its name and its
+    first line; None where it has no file to read."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    try:
+        source = Path(code.co_filename).read_bytes()
+    except OSError:
+        return None
+    key = hashlib.sha256(source)
+    key.update(f"\0{code.co_filename}\0{fn.__qualname__}\0{code.co_firstlineno}".encode())
+    return where / f"{key.hexdigest()[:40]}.code"
+
+
 def _made_anew(cls, *args, **kwargs):
     """A block type's __new__ once uninstalled: object's, as before install."""
     return object.__new__(cls)
@@ -226,7 +305,9 @@ def _intern_block_types() -> None:
     block_type, tensor = core.block_type, core.tensor
     if vars(block_type).get("__new__", _made_anew) is not _made_anew:
         return  # not Triton's own
-    if not hasattr(TritonSemantic, "broadcast_impl_value"):
+    needed = ("broadcast_impl_value", "binary_op_type_checking_impl", "cast", "to_tensor")
+    needed += ("to_tensor_type", "_cast_to_computation_type")
+    if not all(hasattr(TritonSemantic, name) for name in needed):
         return
     make, equal, tensor_init = block_type.__init__, block_type.__eq__, tensor.__init__
     broadcast = TritonSemantic.broadcast_impl_value
@@ -275,22 +356,141 @@ def _intern_block_types() -> None:
         self.handle, self.type, self.dtype = handle, type, type.scalar
         self.numel, self.shape = cached
 
+    # what broadcast did, per pair of operand types; the types' computation type, per pair and
+    # flags. An entry holds its types: an id in a key is not reused while the entry lives.
+    plans: dict[tuple, tuple] = {}
+    checked: dict[tuple, tuple] = {}
+
     def broadcast_same(self, lhs, rhs):
         if lhs.type is rhs.type:  # one type: one shape, nothing to broadcast
             return lhs, rhs
-        return broadcast(self, lhs, rhs)
+        key = (_type_key(lhs.type), _type_key(rhs.type))
+        plan = plans.get(key)
+        if plan is None:
+            out = broadcast(self, lhs, rhs)
+            if len(plans) >= MAX_PLANS:  # types made anew: keep to a few
+                plans.clear()
+            steps = (
+                _broadcast_step(lhs, out[0], self.builder),
+                _broadcast_step(rhs, out[1], self.builder),
+            )
+            plans[key] = ((lhs.type, rhs.type), self.builder, *steps)
+            return out
+        if plan[1] is not self.builder:
+            return broadcast(self, lhs, rhs)
+        return _broadcast_as(self, lhs, plan[2]), _broadcast_as(self, rhs, plan[3])
+
+    def type_checked(self, lhs, rhs, *flags, **named):
+        """Triton's binary type check (its casts to the computation type, then the broadcast):
+        what the operands' types and the flags decide is decided once per pair. A Python
+        number's type is its value's (Triton's to_tensor_type, each time), and it is cast as
+        Triton casts it (its range checked against the computation type, each time)."""
+        lt, rt = _operand_type(self, lhs, tensor), _operand_type(self, rhs, tensor)
+        if lt is None or rt is None or (type(lhs) is not tensor and type(rhs) is not tensor):
+            return type_check(self, lhs, rhs, *flags, **named)  # two numbers, or other values
+        flags = _binary_flags(*flags, **named)
+        key = (_type_key(lt), _type_key(rt), type(lhs) is tensor, type(rhs) is tensor, flags)
+        found = checked.get(key)
+        if found is None:
+            out = type_check(self, lhs, rhs, *flags)
+            if len(checked) >= MAX_PLANS:
+                checked.clear()
+            arithmetic = flags[2] and not lt.scalar.is_ptr() and not rt.scalar.is_ptr()
+            checked[key] = ((lt, rt), out[0].type.scalar if arithmetic else None)
+            return out
+        computed = found[1]
+        lhs = _computation_operand(self, lhs, computed, tensor)
+        rhs = _computation_operand(self, rhs, computed, tensor)
+        return self.broadcast_impl_value(lhs, rhs)
 
     def undo() -> None:
         # NOTE: not deleted: CPython then keeps a __new__ slot that refuses __init__'s arguments
         block_type.__new__ = _made_anew
         block_type.__init__, block_type.__eq__, tensor.__init__ = make, equal, tensor_init
         TritonSemantic.broadcast_impl_value = broadcast
+        TritonSemantic.binary_op_type_checking_impl = type_check
         interned.clear()
+        plans.clear()
+        checked.clear()
 
+    type_check = TritonSemantic.binary_op_type_checking_impl
     block_type.__new__, block_type.__init__, block_type.__eq__ = new, init, eq
     tensor.__init__ = init_tensor
     TritonSemantic.broadcast_impl_value = broadcast_same
+    TritonSemantic.binary_op_type_checking_impl = type_checked
     _undo.append(undo)
+
+
+MAX_PLANS = 4096  # broadcast plans and type checks kept (a pair of types each)
+
+
+def _type_key(ty):
+    """A type as a memo's key: a scalar pointer's by its value (Triton makes one anew for each
+    launch's pointer arguments), any other by its identity (block types are interned here;
+    scalar types are Triton's own objects)."""
+    if isinstance(ty, tl.pointer_type):
+        return (type(ty), ty.name, ty.address_space)
+    return id(ty)
+
+
+def _operand_type(semantic, value, tensor):
+    """A binary operand's type as Triton's type check sees it: a tensor's, a Python number's
+    by its value; None for anything else (left to Triton)."""
+    if type(value) is tensor:
+        return value.type
+    if type(value) in (int, float, bool):
+        return semantic.to_tensor_type(value)
+    return None
+
+
+def _computation_operand(semantic, value, computed, tensor):
+    """An operand as Triton's type check passes it to the broadcast: cast to the computation
+    type `computed` (a number: made a tensor of it, its range checked); with none (no
+    arithmetic check, or a pointer), a number made a tensor of its own type."""
+    if type(value) is not tensor:
+        if computed is None:
+            return semantic.to_tensor(value)
+        return semantic._cast_to_computation_type(value, computed)
+    if computed is not None and value.type.scalar is not computed:
+        return semantic.cast(value, computed)
+    return value
+
+
+def _binary_flags(
+    allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True, div_or_mod=False
+) -> tuple:
+    """Triton's binary type check's flags, as its signature defaults them (in its order)."""
+    return (allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+
+
+def _broadcast_step(before, after, builder) -> tuple | None:
+    """What Triton's broadcast did to one operand, `before` to `after`: nothing (None), a
+    scalar splat to `after`'s type (its IR type made once), or for a block: k leading axes
+    added, then a broadcast to `after`'s shape where the expanded shape differs."""
+    if after is before:
+        return None
+    if not before.type.is_block():
+        return ("splat", after.type, after.type.to_ir(builder))
+    shape, target = tuple(before.type.shape), tuple(after.type.shape)
+    k = len(target) - len(shape)
+    return ("block", after.type, k, (1,) * k + shape != target, target)
+
+
+def _broadcast_as(semantic, value, step):
+    """`value` broadcast by a step of _broadcast_step: the same builder calls Triton's
+    broadcast makes for it, on the same handles (so the same values)."""
+    if step is None:
+        return value
+    builder = semantic.builder
+    if step[0] == "splat":
+        return semantic.make_tensor(builder.create_splat(step[2], value.handle), step[1])
+    _, ty, k, widen, target = step
+    handle = value.handle
+    for _ in range(k):
+        handle = builder.create_expand_dims(handle, 0)
+    if widen:
+        handle = builder.create_broadcast(handle, target)
+    return semantic.make_tensor(handle, ty)
 
 
 def uninstall() -> None:

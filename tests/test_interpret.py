@@ -168,6 +168,53 @@ def test_interned_block_types_keep_values_and_equality() -> None:
     assert torch.equal(shipped, fast)
 
 
+def test_a_broadcast_seen_once_is_replayed_with_the_same_values() -> None:
+    """A pair of operand types broadcast once is broadcast again from its plan (the same
+    builder calls on the same handles), not through Triton's shape logic: a second launch of
+    the same kernel (its pointer arguments' types made anew, equal to the first's) asks
+    Triton's broadcast nothing and stores the same values."""
+    from triton.language.semantic import TritonSemantic
+
+    interpret.uninstall()
+    shipped_broadcast, asked = TritonSemantic.broadcast_impl_value, []
+
+    def counted(self, lhs, rhs):
+        asked.append((lhs.type, rhs.type))
+        return shipped_broadcast(self, lhs, rhs)
+
+    try:
+        shipped = _broadcast_launch()
+        TritonSemantic.broadcast_impl_value = counted
+        interpret.install()  # over the counting broadcast
+        first = _broadcast_launch()
+        first_asked = len(asked)
+        again = _broadcast_launch()
+    finally:
+        interpret.uninstall()
+        TritonSemantic.broadcast_impl_value = shipped_broadcast
+        interpret.install()
+    assert first_asked > 0 and len(asked) == first_asked, asked[first_asked:]
+    assert torch.equal(first, shipped) and torch.equal(again, shipped)
+
+
+@triton.jit
+def _unsigned_plus(out_ptr, K: tl.constexpr):
+    i = tl.arange(0, 4).to(tl.uint32)
+    tl.store(out_ptr + tl.arange(0, 4), (i + K).to(tl.int32))
+
+
+def test_a_numbers_range_is_checked_each_time_its_types_were_seen() -> None:
+    """An operation of a tensor and a Python number is type-checked once per pair of types
+    (the number's by its value), but the number's own checks stay each time's: -1 added to
+    an unsigned tensor fails as Triton fails it, after 3 was added."""
+    assert interpret.install()
+    out = torch.zeros(4, dtype=torch.int32)
+    _unsigned_plus[(1,)](out, K=3)
+    assert out.tolist() == [3, 4, 5, 6]
+    with pytest.raises(Exception, match="unsigned tensor and a negative scalar"):
+        _unsigned_plus[(1,)](out, K=-1)
+
+
 def test_the_compiler_keeps_the_shipped_type_layer() -> None:
     """Without TRITON_INTERPRET (GPU runs) the type layer, which the compiler uses, is Triton's."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
