@@ -13,11 +13,13 @@ Each patch walks the language's modules with inspect.getmembers, about a millise
 scenario makes thousands of such calls, and measured on lora_graph_capture's full_graphs the
 patching was a third of its time (cProfile: 6.2 s of 17 s, 6112 patches).
 
-Within one launch the patch is idempotent: the launch patches the modules its kernel sees and
-undoes that at its end, and a helper's patch (never undone, Triton's own behaviour) leaves its
-modules patched until then. `install()` skips a helper's patch when every module it would patch
-was already patched in the same launch. The same code runs on the same values: only the
-repeated walks go (tests/test_interpret.py checks equal results and the count of patches).
+The patch is idempotent: a launch patches the modules its kernel sees and undoes that at its
+end, and a helper's patch is never undone (Triton's own behaviour), so its modules stay patched
+after the launch. `install()` patches each module once in the process and keeps it patched,
+as a helper's patch is kept, until `uninstall()`: a launch or helper whose modules are patched
+already patches nothing (a launch's patch and undo were 6% of lora_graph_capture's children in
+cProfile). The same code runs on the same values: only the repeated walks go
+(tests/test_interpret.py checks equal results and the count of patches).
 
 Two more of its costs go, neither changing a value:
 - Integer overflow checks. The interpreter computes one for every int32 add, sub and mul (a cast
@@ -98,17 +100,16 @@ def install() -> bool:
     if patch is None or executor is None:
         return False
     launch = executor.__call__
-    patched: list[set[int]] = []  # per running launch: the modules already patched in it
+    patched: set[int] = set()  # the modules patched in this process (until uninstall)
+    kept: list = []  # their patches' scopes
 
     def run_launch(self, *args, **kwargs):
-        patched.append(set())
         copies: dict[int, tuple] = {}
         args = tuple(_with_slack(a, copies) for a in args)
         kwargs = {k: _with_slack(v, copies) for k, v in kwargs.items()}
         try:
             return launch(self, *args, **kwargs)
         finally:
-            patched.pop()
             # back: only the bytes the launch wrote through each copy (a kernel may also
             # write through addresses it was given in a table: those are in the original)
             for original, before, padded in copies.values():
@@ -118,14 +119,16 @@ def install() -> bool:
 
     def patch_once(fn):
         langs = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
-        if patched and langs and langs <= patched[-1]:
+        if langs and langs <= patched:
             return _Kept()
-        scope = patch(fn)
-        if patched:
-            patched[-1] |= langs
-        return scope
+        kept.append(patch(fn))
+        patched.update(langs)
+        return _Kept()  # kept patched: a launch's end does not undo it
 
     def undo() -> None:
+        while kept:
+            kept.pop().restore()
+        patched.clear()
         interpreter._patch_lang, executor.__call__ = patch, launch
 
     interpreter._patch_lang, executor.__call__ = patch_once, run_launch
