@@ -67,6 +67,7 @@ from repro.common import (
     writable,
 )
 from repro.report import load
+from repro.results import write as write_document
 
 CHECK = ("check", "lora_dummy_run", "--scenario", "dummy_run_before_mapping")
 
@@ -268,6 +269,8 @@ def _per_bug(device: str, bugs: list[str], repeat: int, path: str | None, checks
                 else:
                     rows[bug].update(_costs(bug, device, warm, Path(tmp)))
                 print(f"{bug}: " + ", ".join(f"{k} {v:.2f}s" for k, v in rows[bug].items()))
+                if path:  # each row kept as it comes: a bench cut short keeps those before
+                    _write_rows(path, device, floor, rows, complete=False)
         finally:
             subprocess.run([*repro, "serve", "--device", device, "--stop"], **quiet)
     if checks:
@@ -315,15 +318,14 @@ def _per_bug_out(device, floor, table, rows, path, how) -> int:
     )
     print_table(table)
     if path:
-        doc = {
-            "schema": BENCH_SCHEMA,
-            "device": device,
-            "cpus": os.cpu_count(),
-            "floor_import": floor,
-            "bugs": rows,
-        }
-        Path(path).write_text(json.dumps(doc, indent=2))
+        _write_rows(path, device, floor, rows, complete=True)
     return _exit()
+
+
+def _write_rows(path: str, device: str, floor: float, rows: dict, complete: bool) -> None:
+    """The per-bug JSON (complete: false while rows are still to come), replaced whole."""
+    doc = {"schema": BENCH_SCHEMA, "device": device, "cpus": os.cpu_count()}
+    write_document(path, doc | {"floor_import": floor, "bugs": rows, "complete": complete})
 
 
 def _usual(device: str, bugs: list, repeat: int, write: bool) -> int:

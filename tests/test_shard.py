@@ -235,6 +235,35 @@ def test_the_first_warm_check_after_serve_is_a_figure_of_its_own(faked_bench, tm
     assert {"check_first_warm", "check_warm"} <= figures.keys()
 
 
+@pytest.mark.cpu_job
+def test_a_per_bug_bench_cut_short_keeps_the_rows_it_has(faked_bench, tmp_path, monkeypatch):
+    """`repro bench --checks --json` writes each bug's row as it comes (complete: false until
+    the table): a bench interrupted at its second bug keeps the first's row."""
+    from repro import bench, commands
+
+    faked, cut = bench.subprocess.run, []
+
+    def run(argv, **kwargs):
+        if cut and "check" in argv and "lora_dummy_run" in argv:
+            raise KeyboardInterrupt
+        done = faked(argv, **kwargs)
+        return subprocess.CompletedProcess(argv, 1) if "buggy" in argv else done
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    out = tmp_path / "checks.json"
+    argv = ["bench", "--device", "cpu", "--checks", "--repeat", "1", "--json", str(out)]
+    argv += ["--bug", "moe_align_grid", "--bug", "lora_dummy_run"]
+    args = commands.build_parser().parse_args(argv)
+    assert bench.cmd_bench(args) == 0
+    assert json.loads(out.read_text())["complete"] is True
+    out.unlink()
+    cut.append(True)
+    with pytest.raises(KeyboardInterrupt):
+        bench.cmd_bench(args)
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and list(doc["bugs"]) == ["moe_align_grid"], doc
+
+
 def _matrix_doc(path, rows=10, **timing) -> str:
     """A finished matrix's JSON as `repro matrix --each-part --repeat 2 --shard 2/2` writes it,
     with `timing`'s changes (dtype: the runs'). Written unchecked; whether it is a valid results
