@@ -147,6 +147,24 @@ def test_the_gpu_job_keeps_a_bench_and_diffs_it_as_a_warning() -> None:
     assert os.access(procs.ROOT / ".ci" / "gpu", os.R_OK)
 
 
+def test_the_gpu_job_runs_its_matrices_on_a_warm_server_and_its_bench_on_its_own() -> None:
+    """Every part of .ci/gpu starts `repro serve` after the suite, before its matrix (whose
+    figure the bench reads: the issue's matrix figure is a warm server's), and stops it before
+    the bench, which starts a server of its own."""
+    lines = (procs.ROOT / ".ci" / "gpu").read_text().splitlines()
+
+    def at(text: str) -> int:
+        found = [i for i, line in enumerate(lines) if line.strip().startswith(text)]
+        assert len(found) == 1, (text, found)
+        return found[0]
+
+    serve = at("step serve 0 repro serve --device cuda")
+    stop = at("repro serve --device cuda --stop")
+    assert at("step pytest-gpu") < serve < at("step matrix 0") < at("step matrix-bf16 0")
+    assert at("step fuzz 0") < stop and at("step ranks 0") < stop < at("step bench 0")
+    assert not lines[serve].startswith(" "), "the serve step runs in every part"
+
+
 @pytest.mark.parametrize(("fixed", "buggy", "code"), [(0, 1, 0), (1, 1, 125), (0, 0, 125)])
 def test_bench_names_a_check_that_did_not_end_as_its_verdict(
     monkeypatch, capsys, fixed, buggy, code
