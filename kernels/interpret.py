@@ -77,7 +77,8 @@ from kernels.csrc import cache_root
 
 
 class _Kept:
-    """A skipped patch's scope: there is nothing of its own to undo."""
+    """The scope a launch or helper gets back: nothing to undo at its end (install() keeps
+    every patch it made, and uninstall() undoes them)."""
 
     def restore(self) -> None:
         pass
