@@ -6,8 +6,10 @@ pytest_configure, before any test module imports torch's CUDA state or a kernel 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -60,6 +62,11 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--device cuda: no CUDA device is available here")
     devices.activate(device)
     config.stash[DEVICE_KEY] = device
+    if device == "cuda" and getattr(config.option, "maxschedchunk", 0) is None:
+        # xdist's load scheduling sends each worker a quarter of its share at first, in
+        # collection order; one test at a time instead, so that the slowest, which go first
+        # (_slowest_first), land on different workers
+        config.option.maxschedchunk = 1
     # Property sweeps: few derandomized examples through the CPU interpreter, more on a GPU.
     examples = {"cpu": 8, "cuda": 150}[device]
     settings.register_profile(
@@ -77,7 +84,8 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"repro device: {config.stash[DEVICE_KEY]} (CUDA_VISIBLE_DEVICES={gpu})"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     _sample_upstream(config, items)
     _leave_to_matrix(config, items)
     if config.stash[DEVICE_KEY] == "cuda":
@@ -85,11 +93,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:  # a cpu_job module's tests that take the device run on both
             if "cpu_job" in item.keywords and "device" not in getattr(item, "fixturenames", ()):
                 item.add_marker(cpu_job)
+    else:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU; this run's device is cpu")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    result = yield  # every other plugin's: pytest-split keeps this part's tests
+    _slowest_first(config, items)
+    return result
+
+
+SLOW_S = 2.0
+
+
+def _slowest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An xdist worker on a GPU: the tests that took SLOW_S or more in the GPU job's last run
+    (the durations file pytest-split reads, .test_durations) run first, the longest first; the
+    others keep their order. In collection order the longest (upstream's split-KV cases, 50-58 s
+    on an H200) come near the end: .ci/gpu's part 2 took 218 s for 141 s of tests a worker (12
+    workers, 2026-11-29). Every worker orders alike, as xdist requires: the same file, a stable
+    sort."""
+    if config.stash[DEVICE_KEY] != "cuda" or not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU; this run's device is cpu")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    path = Path(
+        getattr(config.option, "durations_path", None) or config.rootpath / ".test_durations"
+    )
+    try:
+        seconds = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # no durations: collection order
+    slow = [item for item in items if seconds.get(item.nodeid, 0) >= SLOW_S]
+    slow.sort(key=lambda item: -seconds[item.nodeid])
+    first = {item.nodeid for item in slow}
+    items[:] = slow + [item for item in items if item.nodeid not in first]
 
 
 def _sample_upstream(config: pytest.Config, items: list[pytest.Item]) -> None:

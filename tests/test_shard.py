@@ -8,6 +8,7 @@ import os
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -163,6 +164,36 @@ def test_the_gpu_job_runs_its_matrices_on_a_warm_server_and_its_bench_on_its_own
     assert at("step pytest-gpu") < serve < at("step matrix 0") < at("step matrix-bf16 0")
     assert at("step fuzz 0") < stop and at("step ranks 0") < stop < at("step bench 0")
     assert not lines[serve].startswith(" "), "the serve step runs in every part"
+
+
+@pytest.mark.parametrize(("device", "worker"), [("cuda", "gw3"), ("cpu", "gw3"), ("cuda", None)])
+def test_a_gpu_workers_slowest_tests_go_first_longest_first(
+    tmp_path, monkeypatch, device, worker
+) -> None:
+    """On a GPU under xdist, the tests of SLOW_S or more in the durations file start first,
+    longest first, the rest in collection order; on the CPU (the file holds the GPU's
+    durations) and outside xdist, the collection order stays."""
+    import conftest
+
+    seconds = {"t::a": 0.5, "t::b": 9.0, "t::c": conftest.SLOW_S, "t::d": 1.9, "t::f": 30.0}
+    (tmp_path / "durations.json").write_text(json.dumps(seconds))
+    names = ["t::a", "t::b", "t::c", "t::d", "t::e", "t::f"]
+    items = [SimpleNamespace(nodeid=name) for name in names]
+    config = SimpleNamespace(
+        stash={conftest.DEVICE_KEY: device},
+        option=SimpleNamespace(durations_path=str(tmp_path / "durations.json")),
+        rootpath=tmp_path,
+    )
+    if worker:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    else:
+        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    conftest._slowest_first(config, items)
+    order = [item.nodeid for item in items]
+    if device == "cuda" and worker:
+        assert order == ["t::f", "t::b", "t::c", "t::a", "t::d", "t::e"]
+    else:
+        assert order == names
 
 
 @pytest.mark.parametrize(("fixed", "buggy", "code"), [(0, 1, 0), (1, 1, 125), (0, 0, 125)])
