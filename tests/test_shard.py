@@ -285,6 +285,33 @@ def test_the_first_warm_check_after_serve_is_a_figure_of_its_own(faked_bench, tm
 
 
 @pytest.mark.cpu_job
+def test_a_per_bug_benchs_first_check_after_serve_is_no_bugs(
+    faked_bench, tmp_path, monkeypatch
+) -> None:
+    """`repro bench --checks`: one check runs after `repro serve` before any is timed (on a
+    GPU the first check after the server's start took 2.1 s against 0.9 s for the next: it
+    was half the first bug's median of two), then each bug's, `--repeat` times a variant."""
+    from repro import bench, commands
+
+    faked = bench.subprocess.run
+    buggy_exits_1 = lambda argv, **kw: subprocess.CompletedProcess(
+        faked(argv, **kw).args, 1 if "buggy" in argv else 0
+    )
+    monkeypatch.setattr(bench.subprocess, "run", buggy_exits_1)
+
+    out = tmp_path / "checks.json"
+    argv = ["bench", "--device", "cpu", "--checks", "--repeat", "2", "--json", str(out)]
+    argv += ["--bug", "lora_dummy_run", "--bug", "moe_align_grid"]
+    assert bench.cmd_bench(commands.build_parser().parse_args(argv)) == 0
+    serve = next(i for i, argv in enumerate(faked_bench) if "serve" in argv)
+    checks = [argv[argv.index("check") + 1 :] for argv in faked_bench[serve:] if "check" in argv]
+    fixed, buggy = ["--device", "cpu"], ["--device", "cpu", "--variant", "buggy"]
+    want = [["lora_dummy_run", *fixed]] * 3 + [["lora_dummy_run", *buggy]] * 2
+    assert checks == want + [["moe_align_grid", *fixed]] * 2 + [["moe_align_grid", *buggy]] * 2
+    assert list(json.loads(out.read_text())["bugs"]) == ["lora_dummy_run", "moe_align_grid"]
+
+
+@pytest.mark.cpu_job
 def test_a_per_bug_bench_cut_short_keeps_the_rows_it_has(faked_bench, tmp_path, monkeypatch):
     """`repro bench --checks --json` writes each bug's row as it comes (complete: false until
     the table): a bench interrupted at its second bug keeps the first's row."""
