@@ -64,8 +64,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[DEVICE_KEY] = device
     if device == "cuda" and getattr(config.option, "maxschedchunk", 0) is None:
         # xdist's load scheduling sends each worker a quarter of its share at first, in
-        # collection order; one test at a time instead, so that the slowest, which go first
-        # (_slowest_first), land on different workers
+        # collection order; at most two tests waiting on a worker instead, so that the
+        # slowest, which go first (_slowest_first), land on different workers
         config.option.maxschedchunk = 1
     # Property sweeps: few derandomized examples through the CPU interpreter, more on a GPU.
     examples = {"cpu": 8, "cuda": 150}[device]
