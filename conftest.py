@@ -171,3 +171,19 @@ def _leave_to_matrix(config: pytest.Config, items: list[pytest.Item]) -> None:
 def device(pytestconfig: pytest.Config) -> str:
     """The run's device: 'cpu' (kernels through Triton's interpreter) or 'cuda'."""
     return pytestconfig.stash[DEVICE_KEY]
+
+
+@pytest.fixture(scope="session")
+def isolator(device: str):
+    """Children forked from one server per worker, shared by the tests that only run jobs (a
+    scenario's verdict, a fuzz program's): a server's start once, not once a test. On a GPU the
+    csrc build happens first."""
+    from harness.isolate import Isolator
+
+    if device == "cuda":
+        from kernels import csrc
+
+        for name in csrc.EXTENSIONS:
+            csrc.load(name)
+    with Isolator() as iso:
+        yield iso

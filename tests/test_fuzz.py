@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from harness.fixes import ALL_FIXES
-from harness.isolate import Isolator, Job
+from harness.isolate import Job
 from harness.outcome import Outcome
 from repro.commands import dispatch
 from repro.fuzz import (
@@ -388,7 +388,7 @@ SCARCE = {
 
 
 @pytest.mark.async_placeholder_leak
-def test_a_scarce_pool_preempts_and_resumes(device) -> None:
+def test_a_scarce_pool_preempts_and_resumes(device, isolator) -> None:
     """Drawn by seed 0 (repro fuzz async_placeholder_leak --variant buggy --seed 0), shrunk by
     hand: on a pool of five blocks a group the last running request is preempted with its step
     in flight and resumes later: the buggy runner's -1 placeholder reaches the embedding, the
@@ -397,19 +397,18 @@ def test_a_scarce_pool_preempts_and_resumes(device) -> None:
     program = {**SCARCE, "ops": [*SCARCE["ops"], ["step", [[0, 8, 0]] * 4, 3]]}
     assert invalid(program) is None
     bug = get("async_placeholder_leak")
-    with Isolator() as isolator:
-        for fixes, want in ((bug.buggy_variant, "device_assert"), (ALL_FIXES, "pass")):
-            job = Job(
-                bug.id,
-                "fuzz",
-                TARGET,
-                fixes,
-                device,
-                EXAMPLE_TIMEOUT_S,
-                payload=json.dumps(program),
-            )
-            result = isolator.run(job)
-            assert result.outcome.value == want, result.evidence
+    for fixes, want in ((bug.buggy_variant, "device_assert"), (ALL_FIXES, "pass")):
+        job = Job(
+            bug.id,
+            "fuzz",
+            TARGET,
+            fixes,
+            device,
+            EXAMPLE_TIMEOUT_S,
+            payload=json.dumps(program),
+        )
+        result = isolator.run(job)
+        assert result.outcome.value == want, result.evidence
 
 
 @pytest.mark.parametrize(
@@ -530,7 +529,7 @@ def _counterexamples():
 
 
 @pytest.mark.parametrize(("bug_id", "found"), list(_counterexamples()))
-def test_counterexamples_found_while_building_stay_found(device, bug_id, found) -> None:
+def test_counterexamples_found_while_building_stay_found(device, isolator, bug_id, found) -> None:
     """Each shrunk counterexample `repro fuzz` found (tests/fuzz_counterexamples.json) shows
     its class on the bug's buggy variant, a class the record documents, and passes fixed."""
     bug = get(bug_id)
@@ -538,11 +537,10 @@ def test_counterexamples_found_while_building_stay_found(device, bug_id, found) 
     documented = {o for s in bug.scenarios for o in s.documented(device)}
     assert Outcome(found["outcome"]) in documented
     payload = json.dumps(found["program"])
-    with Isolator() as isolator:
-        for fixes, want in ((bug.buggy_variant, found["outcome"]), (ALL_FIXES, "pass")):
-            job = Job(bug_id, "fuzz", TARGET, fixes, device, EXAMPLE_TIMEOUT_S, payload=payload)
-            result = isolator.run(job)
-            assert result.outcome.value == want, result.evidence
+    for fixes, want in ((bug.buggy_variant, found["outcome"]), (ALL_FIXES, "pass")):
+        job = Job(bug_id, "fuzz", TARGET, fixes, device, EXAMPLE_TIMEOUT_S, payload=payload)
+        result = isolator.run(job)
+        assert result.outcome.value == want, result.evidence
 
 
 # Found by `repro fuzz --device cuda --seed 2` on the FIXED runner (2026-11-28): a hybrid
@@ -575,13 +573,12 @@ HYBRID_DUMMY_AFTER_STEPS = {
 }
 
 
-def test_a_hybrid_runners_dummy_run_reads_the_null_block(device) -> None:
+def test_a_hybrid_runners_dummy_run_reads_the_null_block(device, isolator) -> None:
     """The fixed runner passes the program above: no request is ever given block 0."""
     payload = json.dumps(HYBRID_DUMMY_AFTER_STEPS)
     assert invalid(HYBRID_DUMMY_AFTER_STEPS) is None
-    with Isolator() as isolator:
-        job = Job("fuzz", "fuzz", TARGET, ALL_FIXES, device, EXAMPLE_TIMEOUT_S, payload=payload)
-        result = isolator.run(job)
+    job = Job("fuzz", "fuzz", TARGET, ALL_FIXES, device, EXAMPLE_TIMEOUT_S, payload=payload)
+    result = isolator.run(job)
     assert result.outcome == Outcome.PASS, result.evidence
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.fixes import ALL_FIXES, describe
-from harness.isolate import Isolator, Job
+from harness.isolate import Job
 from harness.outcome import Outcome
 from repro.matrix import variants
 from repro.registry import BUGS
@@ -44,18 +44,6 @@ def _cases():
 
 def _bugs():
     return [pytest.param(bug, marks=getattr(pytest.mark, bug.id), id=bug.id) for bug in BUGS]
-
-
-@pytest.fixture(scope="session")
-def isolator(device: str):
-    """Children forked from one server per worker; on a GPU the csrc build happens first."""
-    if device == "cuda":
-        from kernels import csrc
-
-        for name in csrc.EXTENSIONS:
-            csrc.load(name)
-    with Isolator() as iso:
-        yield iso
 
 
 @pytest.mark.parametrize(("bug", "scenario", "fixes"), list(_cases()))
