@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.fixes import ALL_FIXES
-from harness.isolate import Isolator, Job
+from harness.isolate import Job
 from harness.outcome import Outcome
 from harness.runner.sleep_mode import ArenaPools, make_pools
 
@@ -85,10 +85,9 @@ def test_cumem_sleep_really_frees_memory() -> None:
 
 @pytest.mark.block_table_wake
 @pytest.mark.parametrize("name", ["reads_a_sleeping_pool", "writes_a_sleeping_pool"])
-def test_any_access_to_a_sleeping_tag_faults(device, name) -> None:
+def test_any_access_to_a_sleeping_tag_faults(device, isolator, name) -> None:
     """As on the GPU, so on the CPU: a sleeping tag is not memory (illegal_address)."""
-    with Isolator() as isolator:
-        result = isolator.run(Job("test", name, f"tests.children:{name}", ALL_FIXES, device, 120))
+    result = isolator.run(Job("test", name, f"tests.children:{name}", ALL_FIXES, device, 120))
     assert result.outcome == Outcome.ILLEGAL_ADDRESS, result.evidence
 
 
